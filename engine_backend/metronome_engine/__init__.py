@@ -1,0 +1,39 @@
+"""The in-process engine: bounded KV (window + pinned sinks) over a fixed block pool.
+
+Sync and torch-only; the SDK drives it from a worker thread. ``BlockPool``,
+``KVPolicy`` and ``SequenceKV`` need no torch.
+"""
+
+from .block_pool import BlockPool
+from .kv_policy import KVPolicy
+from .sequence import SequenceKV
+
+__all__ = [
+    "BlockPool",
+    "EngineCore",
+    "KVPolicy",
+    "ModelConfig",
+    "PoolStats",
+    "SamplingParams",
+    "SequenceKV",
+    "Stall",
+    "StepOutput",
+    "StepRequest",
+]
+
+
+def __getattr__(name: str) -> object:
+    # torch-backed names load on first use, so the pool and the policy import without torch
+    if name in ("EngineCore", "StepRequest", "StepOutput", "Stall", "PoolStats"):
+        from . import engine
+
+        return getattr(engine, name)
+    if name == "SamplingParams":
+        from .sampling import SamplingParams
+
+        return SamplingParams
+    if name == "ModelConfig":
+        from .config import ModelConfig
+
+        return ModelConfig
+    raise AttributeError(f"module 'metronome_engine' has no attribute {name!r}")

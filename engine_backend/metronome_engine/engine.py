@@ -1,0 +1,226 @@
+"""The engine core: sessions' KV state in one block pool, one batched step per call.
+
+A step never raises because the pool is full: a session that cannot get blocks for
+its new tokens is reported as stalled (``StepOutput.stall``), its tokens are not
+appended, and the other sessions of the step proceed.
+"""
+
+from __future__ import annotations
+
+import enum
+import itertools
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from .attention import AttentionBatch, SeqChunk
+from .block_pool import BlockPool
+from .kv_policy import KVPolicy
+from .model import KVCache, LlamaModel
+from .sampling import SamplingParams, sample
+from .sequence import SequenceKV
+
+__all__ = ["EngineCore", "StepRequest", "StepOutput", "Stall", "PoolStats"]
+
+
+class Stall(enum.Enum):
+    """Why a session got no output from a step."""
+
+    POOL_EXHAUSTED = "pool_exhausted"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRequest:
+    """Append ``tokens`` to session ``seq_id``; sample the next token unless ``sample=False``.
+
+    ``all_logits`` returns the logits of every new token (for scoring text);
+    ``return_logits`` returns the last token's logits.
+    """
+
+    seq_id: int
+    tokens: Sequence[int]
+    sample: bool = True
+    return_logits: bool = False
+    all_logits: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    seq_id: int
+    token: int | None = None
+    logits: Tensor | None = None  # [vocab], or [n_new, vocab] with all_logits
+    stall: Stall | None = None
+    num_tokens: int = 0  # tokens appended so far (stream length)
+    num_blocks: int = 0  # blocks the session holds after the step
+
+    @property
+    def ok(self) -> bool:
+        return self.stall is None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    num_blocks: int
+    used_blocks: int
+    block_size: int
+    sequences: int
+
+    @property
+    def occupancy(self) -> float:
+        return self.used_blocks / self.num_blocks
+
+
+@dataclass(slots=True)
+class _Seq:
+    kv: SequenceKV
+    sampling: SamplingParams
+    generator: torch.Generator | None = field(default=None)
+
+
+class EngineCore:
+    """Serves many sessions of one model under one KV policy from a fixed block pool.
+
+    Size the pool with ``num_blocks`` or a byte budget ``memory_bytes`` (one of them).
+    A bounded policy is checked at construction: the pool must hold at least one
+    session's bound, else ``ValueError``.
+    """
+
+    def __init__(self, model: LlamaModel, *, policy: KVPolicy, num_blocks: int | None = None,
+                 memory_bytes: int | None = None, block_size: int = 16) -> None:
+        if (num_blocks is None) == (memory_bytes is None):
+            raise ValueError("give exactly one of num_blocks or memory_bytes to size the block pool")
+        if not isinstance(policy, KVPolicy):
+            raise ValueError(f"policy must be a KVPolicy, got {policy!r}; try KVPolicy.windowed(256, sinks=4)")
+        self.model = model
+        self.config = model.config
+        self.policy = policy
+        self.device = next(model.parameters()).device
+        bytes_per_block = KVCache.bytes_per_slot(self.config) * block_size
+        if num_blocks is not None:
+            self.pool = BlockPool(num_blocks, block_size)
+        else:
+            assert memory_bytes is not None
+            self.pool = BlockPool.from_budget(memory_bytes, bytes_per_block=bytes_per_block, block_size=block_size)
+        bound = policy.max_blocks(block_size)
+        if bound is not None and bound > self.pool.num_blocks:
+            raise ValueError(
+                f"the pool of {self.pool.num_blocks} blocks cannot hold one session's bound of {bound} blocks "
+                f"({policy!r}, block_size={block_size}); raise num_blocks/memory_bytes to at least "
+                f"{bound} blocks ({bound * bytes_per_block} bytes) or lower the window"
+            )
+        self.bytes_per_block = bytes_per_block
+        self.cache = KVCache(self.config, self.pool.num_blocks * block_size, device=self.device)
+        self._seqs: dict[int, _Seq] = {}
+        self._ids = itertools.count(1)
+
+    @classmethod
+    def from_pretrained(cls, model: str | os.PathLike[str] = "smollm2-135m-instruct", *, policy: KVPolicy,
+                        device: str = "cpu", **pool: int) -> EngineCore:
+        from .weights import load_model
+
+        return cls(load_model(model, device=device), policy=policy, **pool)
+
+    # sessions ------------------------------------------------------------------------------------
+
+    def add_sequence(self, *, sampling: SamplingParams | None = None) -> int:
+        seq_id = next(self._ids)
+        params = sampling or SamplingParams()
+        gen = None
+        if not params.greedy:
+            gen = torch.Generator(device="cpu")
+            gen.manual_seed(params.seed if params.seed is not None else seq_id)
+        self._seqs[seq_id] = _Seq(SequenceKV(seq_id, self.policy, self.pool), params, gen)
+        return seq_id
+
+    def free_sequence(self, seq_id: int) -> None:
+        """End a session and return all its blocks. Unknown ids are ignored (idempotent)."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is not None:
+            seq.kv.release()
+
+    def has_sequence(self, seq_id: int) -> bool:
+        return seq_id in self._seqs
+
+    def sequence_length(self, seq_id: int) -> int:
+        return self._seq(seq_id).kv.num_tokens
+
+    def sequence_blocks(self, seq_id: int) -> int:
+        return self._seq(seq_id).kv.num_blocks
+
+    def session_bound_blocks(self, chunk: int = 1) -> int | None:
+        """Most blocks one session can hold under this policy (``None``: unbounded)."""
+        return self.policy.max_blocks(self.pool.block_size, chunk=chunk)
+
+    def pool_stats(self) -> PoolStats:
+        return PoolStats(self.pool.num_blocks, self.pool.num_used, self.pool.block_size, len(self._seqs))
+
+    def _seq(self, seq_id: int) -> _Seq:
+        try:
+            return self._seqs[seq_id]
+        except KeyError:
+            raise ValueError(f"seq_id={seq_id} is not an open sequence; open one with add_sequence()") from None
+
+    # the step ------------------------------------------------------------------------------------
+
+    def step(self, requests: Sequence[StepRequest]) -> list[StepOutput]:
+        """One batched forward pass over every request. Outputs are in request order."""
+        self._validate(requests)
+        outputs: dict[int, StepOutput] = {}
+        chunks: list[SeqChunk] = []
+        served: list[StepRequest] = []
+        for req in requests:
+            seq = self._seqs[req.seq_id]
+            if not seq.kv.reserve(len(req.tokens)):
+                outputs[req.seq_id] = StepOutput(req.seq_id, stall=Stall.POOL_EXHAUSTED,
+                                                 num_tokens=seq.kv.num_tokens, num_blocks=seq.kv.num_blocks)
+                continue
+            chunks.append(SeqChunk(seq.kv, len(req.tokens), all_logits=req.all_logits))
+            served.append(req)
+        if chunks:
+            try:
+                self._run(chunks, served, outputs)
+            except BaseException:
+                for ch in chunks:
+                    ch.seq.rollback()
+                raise
+        return [outputs[r.seq_id] for r in requests]
+
+    def _run(self, chunks: list[SeqChunk], served: list[StepRequest], outputs: dict[int, StepOutput]) -> None:
+        batch = AttentionBatch.build(self.policy, chunks, head_dim=self.config.head_dim,
+                                     group_size=self.config.group_size, device=self.device)
+        ids = torch.tensor([t for r in served for t in r.tokens], dtype=torch.int64, device=self.device)
+        hidden = self.model(ids, batch, self.cache)
+        logits = self.model.logits(hidden)
+        row = 0
+        for ch, req in zip(chunks, served, strict=True):
+            n_rows = ch.n_new if (req.all_logits or batch.logit_rows is None) else 1
+            rows = logits[row:row + n_rows]
+            row += n_rows
+            last = rows[-1]
+            seq = self._seqs[req.seq_id]
+            token = sample(last, seq.sampling, seq.generator) if req.sample else None
+            out_logits = rows if req.all_logits else (last if req.return_logits else None)
+            ch.seq.commit(ch.n_new)
+            outputs[req.seq_id] = StepOutput(req.seq_id, token=token, logits=out_logits,
+                                             num_tokens=ch.seq.num_tokens, num_blocks=ch.seq.num_blocks)
+
+    def _validate(self, requests: Sequence[StepRequest]) -> None:
+        """Reject the whole step before anything changes: nothing is half-applied."""
+        seen: set[int] = set()
+        vocab = self.config.vocab_size
+        for req in requests:
+            self._seq(req.seq_id)
+            if req.seq_id in seen:
+                raise ValueError(f"seq_id={req.seq_id} appears twice in one step; merge its tokens into one request")
+            seen.add(req.seq_id)
+            if len(req.tokens) == 0:
+                raise ValueError(f"tokens for seq_id={req.seq_id} is empty; a step appends at least one token")
+            for t in req.tokens:
+                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                    raise ValueError(
+                        f"tokens for seq_id={req.seq_id} holds {t!r}, outside the vocabulary [0, {vocab}); "
+                        "encode text with the model's tokenizer"
+                    )

@@ -1,0 +1,157 @@
+"""A compact Llama-family model that reads K/V from the paged block pool.
+
+One forward pass serves a whole tick: the new tokens of every session are packed
+into one ``[T, hidden]`` matrix for the dense layers; attention gathers each
+session's resident K/V through its block table (see ``attention.py``).
+
+Keys are stored rotated at their *stream* index. RoPE scores depend only on the
+distance between query and key, and window tokens are contiguous, so a window key's
+distance in the stream equals its distance in the cache. Only the sinks sit at a
+different distance, so their scores use the query rotated at its *in-cache* position.
+The result equals rotating every resident token at its cache position ``0..S+W-1``
+(StreamingLLM) without re-rotating the cache each step.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .attention import AttentionBatch
+from .config import ModelConfig
+
+__all__ = ["LlamaModel", "KVCache", "rope_cos_sin", "apply_rope"]
+
+
+def rope_cos_sin(inv_freq: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
+    """cos/sin for integer positions, angles in float64 so that position 10**7 is as exact as 10."""
+    angles = positions.to(torch.float64)[:, None] * inv_freq.to(torch.float64)[None, :]
+    angles = torch.cat((angles, angles), dim=-1)
+    return angles.cos().to(torch.float32), angles.sin().to(torch.float32)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x[T, heads, head_dim]`` (the rotate-half layout of HF Llama)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+class KVCache:
+    """K and V for every slot of the pool: ``[layers, kv_heads, slots, head_dim]``.
+
+    Heads-major so that gathering a batch's slots yields ``[kv_heads, B, L, head_dim]``
+    ready for one batched matmul per layer.
+    """
+
+    def __init__(self, config: ModelConfig, num_slots: int, *, device: torch.device | str = "cpu",
+                 dtype: torch.dtype = torch.float32) -> None:
+        shape = (config.num_layers, config.num_kv_heads, num_slots, config.head_dim)
+        self.k = torch.zeros(shape, device=device, dtype=dtype)
+        self.v = torch.zeros(shape, device=device, dtype=dtype)
+
+    @staticmethod
+    def bytes_per_slot(config: ModelConfig, dtype: torch.dtype = torch.float32) -> int:
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        return config.kv_bytes_per_token(itemsize)
+
+
+class LlamaModel(nn.Module):
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        c = config
+        q_out = c.num_heads * c.head_dim
+        kv_out = c.num_kv_heads * c.head_dim
+        self.embed = nn.Parameter(torch.empty(c.vocab_size, c.hidden_size), requires_grad=False)
+        self.lm_head = (self.embed if c.tie_word_embeddings
+                        else nn.Parameter(torch.empty(c.vocab_size, c.hidden_size), requires_grad=False))
+        self.layers = nn.ModuleList(_Layer(c, q_out, kv_out) for _ in range(c.num_layers))
+        self.norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
+        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+
+    @torch.inference_mode()
+    def forward(self, input_ids: Tensor, batch: AttentionBatch, cache: KVCache) -> Tensor:
+        """Hidden states after the final norm for the rows ``batch.logit_rows``."""
+        c = self.config
+        x = F.embedding(input_ids, self.embed)
+        cos, sin = rope_cos_sin(self.inv_freq, batch.positions)
+        if batch.sink_positions is not None:
+            sink_cos, sink_sin = rope_cos_sin(self.inv_freq, batch.sink_positions)
+        else:
+            sink_cos = sink_sin = None
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            qkv = F.linear(h, layer.qkv)
+            q, k, v = qkv.split((layer.q_out, layer.kv_out, layer.kv_out), dim=-1)
+            q = q.view(-1, c.num_heads, c.head_dim)
+            k = k.view(-1, c.num_kv_heads, c.head_dim)
+            v = v.view(-1, c.num_kv_heads, c.head_dim)
+            q_stream = apply_rope(q, cos, sin)
+            q_sink = apply_rope(q, sink_cos, sink_sin) if sink_cos is not None and sink_sin is not None else None
+            k = apply_rope(k, cos, sin)
+            # write this step's K/V before gathering, so each token sees itself
+            cache.k[i].index_copy_(1, batch.slot_mapping, k.transpose(0, 1))
+            cache.v[i].index_copy_(1, batch.slot_mapping, v.transpose(0, 1))
+            attn = batch.attend(q_stream, q_sink, cache.k[i], cache.v[i])
+            x = x + F.linear(attn, layer.o_proj)
+            h = _rms_norm(x, layer.post_norm, c.rms_norm_eps)
+            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down_proj)
+        x = x[batch.logit_rows] if batch.logit_rows is not None else x
+        return _rms_norm(x, self.norm, c.rms_norm_eps)
+
+    @torch.inference_mode()
+    def logits(self, hidden: Tensor) -> Tensor:
+        return F.linear(hidden, self.lm_head)
+
+    def load_hf_state_dict(self, state: dict[str, Tensor]) -> None:
+        """Copy weights named as in HF ``LlamaForCausalLM``; fuses q/k/v and gate/up."""
+        c = self.config
+        missing: list[str] = []
+
+        def take(name: str) -> Tensor:
+            t = state.get(name)
+            if t is None:
+                missing.append(name)
+                return torch.empty(0)
+            return t.to(torch.float32)
+
+        with torch.no_grad():
+            self.embed.copy_(take("model.embed_tokens.weight"))
+            if not c.tie_word_embeddings:
+                self.lm_head.copy_(take("lm_head.weight"))
+            self.norm.copy_(take("model.norm.weight"))
+            for i, layer in enumerate(self.layers):
+                p = f"model.layers.{i}."
+                parts = [take(p + f"self_attn.{n}_proj.weight") for n in ("q", "k", "v")]
+                gu = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
+                if missing:
+                    break
+                layer.qkv.copy_(torch.cat(parts, dim=0))
+                layer.o_proj.copy_(take(p + "self_attn.o_proj.weight"))
+                layer.gate_up.copy_(torch.cat(gu, dim=0))
+                layer.down_proj.copy_(take(p + "mlp.down_proj.weight"))
+                layer.input_norm.copy_(take(p + "input_layernorm.weight"))
+                layer.post_norm.copy_(take(p + "post_attention_layernorm.weight"))
+        if missing:
+            raise ValueError(f"weights are missing tensors {missing[:3]}...; is this a Llama checkpoint?")
+
+
+class _Layer(nn.Module):
+    def __init__(self, c: ModelConfig, q_out: int, kv_out: int) -> None:
+        super().__init__()
+        self.q_out, self.kv_out = q_out, kv_out
+        h, f = c.hidden_size, c.intermediate_size
+        self.qkv = nn.Parameter(torch.empty(q_out + 2 * kv_out, h), requires_grad=False)
+        self.o_proj = nn.Parameter(torch.empty(h, q_out), requires_grad=False)
+        self.gate_up = nn.Parameter(torch.empty(2 * f, h), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(h, f), requires_grad=False)
+        self.input_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+        self.post_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+
+
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight

@@ -1,0 +1,125 @@
+"""Under a window policy the runner equals a dense reference with in-cache positions.
+
+The reference is written independently of the runner: for every query it takes the
+explicit sinks-plus-window span and rotates the span's keys at positions 0..len-1.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from transformers import LlamaForCausalLM
+
+from metronome_engine import EngineCore, KVPolicy, StepRequest
+
+from .tiny import VOCAB, tiny_hf, tiny_runner
+
+
+def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+    hd = x.shape[-1]
+    inv = 1.0 / theta ** (torch.arange(0, hd, 2).double() / hd)
+    ang = pos.double()[:, None] * inv[None, :]
+    cos, sin = torch.cat((ang, ang), -1).cos().float(), torch.cat((ang, ang), -1).sin().float()
+    half = hd // 2
+    rot = torch.cat((-x[..., half:], x[..., :half]), -1)
+    return x * cos[:, None, :] + rot * sin[:, None, :]
+
+
+def dense_reference(hf: LlamaForCausalLM, tokens: list[int], window: int | None, sinks: int,
+                    original_positions: bool = False) -> torch.Tensor:
+    """Logits for every token; query t attends to sinks [0, S) and window [max(S, t-W+1), t]."""
+    c = hf.config
+    sd = hf.state_dict()
+    h_, kvh, hd = c.num_attention_heads, c.num_key_value_heads, c.hidden_size // c.num_attention_heads
+    theta = c.rope_parameters["rope_theta"] if getattr(c, "rope_parameters", None) else c.rope_theta
+
+    def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.rms_norm_eps) * w
+
+    x = sd["model.embed_tokens.weight"][torch.tensor(tokens)]
+    n = len(tokens)
+    for i in range(c.num_hidden_layers):
+        p = f"model.layers.{i}."
+        h = norm(x, sd[p + "input_layernorm.weight"])
+        q = F.linear(h, sd[p + "self_attn.q_proj.weight"]).view(n, h_, hd)
+        k = F.linear(h, sd[p + "self_attn.k_proj.weight"]).view(n, kvh, hd)
+        v = F.linear(h, sd[p + "self_attn.v_proj.weight"]).view(n, kvh, hd)
+        out = torch.empty(n, h_, hd)
+        for t in range(n):
+            if window is None:
+                span = list(range(t + 1))
+            else:
+                span = list(range(min(sinks, t + 1))) + list(range(max(sinks, t - window + 1), t + 1))
+            idx = torch.tensor(span)
+            pos = idx if original_positions else torch.arange(len(span))
+            ks = _rope(k[idx], pos, theta).repeat_interleave(h_ // kvh, dim=1)  # [L, H, hd]
+            qt = _rope(q[t:t + 1], pos[-1:], theta)[0]  # [H, hd]
+            att = torch.softmax(torch.einsum("hd,lhd->hl", qt, ks) / hd**0.5, -1)
+            out[t] = torch.einsum("hl,lhd->hd", att, v[idx].repeat_interleave(h_ // kvh, dim=1))
+        x = x + F.linear(out.view(n, -1), sd[p + "self_attn.o_proj.weight"])
+        h = norm(x, sd[p + "post_attention_layernorm.weight"])
+        x = x + F.linear(F.silu(F.linear(h, sd[p + "mlp.gate_proj.weight"])) * F.linear(h, sd[p + "mlp.up_proj.weight"]),
+                         sd[p + "mlp.down_proj.weight"])
+    x = norm(x, sd["model.norm.weight"])
+    return F.linear(x, sd["model.embed_tokens.weight"])
+
+
+def stream_logits(engine: EngineCore, tokens: list[int], chunks: list[int]) -> torch.Tensor:
+    seq = engine.add_sequence()
+    rows, at = [], 0
+    for size in chunks:
+        out = engine.step([StepRequest(seq, tokens[at:at + size], all_logits=True)])[0]
+        assert out.ok and out.logits is not None
+        rows.append(out.logits)
+        at += size
+    return torch.cat(rows)
+
+
+@pytest.mark.parametrize(("window", "sinks", "block_size"), [(8, 4, 4), (7, 0, 4), (6, 3, 4), (5, 2, 16)])
+def test_window_equals_dense_reference(window: int, sinks: int, block_size: int) -> None:
+    hf = tiny_hf(3)
+    tokens = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(5)).tolist()
+    ref = dense_reference(hf, tokens, window, sinks)
+    policy = KVPolicy.windowed(window, sinks=sinks)
+    for chunks in ([1] * 60, [7, 1, 13, 2, 30, 7]):  # token by token, and uneven chunks
+        engine = EngineCore(tiny_runner(hf), policy=policy, num_blocks=64, block_size=block_size)
+        got = stream_logits(engine, tokens, chunks)
+        assert float((got - ref).abs().max() / ref.abs().max()) < 1e-4
+
+
+def test_full_policy_equals_dense_reference_and_window_differs() -> None:
+    hf = tiny_hf(4)
+    tokens = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(6)).tolist()
+    full = dense_reference(hf, tokens, None, 0)
+    engine = EngineCore(tiny_runner(hf), policy=KVPolicy.full(), num_blocks=64, block_size=4)
+    assert float((stream_logits(engine, tokens, [40]) - full).abs().max() / full.abs().max()) < 1e-4
+    # the scheme matters: original positions give different logits once the window slid
+    in_cache = dense_reference(hf, tokens, 8, 4)
+    original = dense_reference(hf, tokens, 8, 4, original_positions=True)
+    assert float((in_cache[20:] - original[20:]).abs().max()) > 1e-3
+    assert float((in_cache[:12] - original[:12]).abs().max()) < 1e-4
+
+
+def test_batch_of_windowed_sessions_matches_each_alone() -> None:
+    hf = tiny_hf(5)
+    policy = KVPolicy.windowed(6, sinks=2)
+    gen = torch.Generator().manual_seed(9)
+    streams = [torch.randint(0, VOCAB, (50,), generator=gen).tolist() for _ in range(3)]
+    refs = [dense_reference(hf, s, 6, 2) for s in streams]
+    engine = EngineCore(tiny_runner(hf), policy=policy, num_blocks=64, block_size=4)
+    seqs = [engine.add_sequence() for _ in streams]
+    offsets = [0, 0, 0]
+    sizes = [[3, 1, 20, 1, 25], [1] * 10 + [40], [50]]
+    for round_ in range(max(len(s) for s in sizes)):
+        reqs, who = [], []
+        for i, seq in enumerate(seqs):
+            if round_ < len(sizes[i]):
+                n = sizes[i][round_]
+                reqs.append(StepRequest(seq, streams[i][offsets[i]:offsets[i] + n], all_logits=True))
+                who.append((i, offsets[i], n))
+                offsets[i] += n
+        for out, (i, at, n) in zip(engine.step(reqs), who, strict=True):
+            assert out.logits is not None
+            ref = refs[i][at:at + n]
+            assert float((out.logits - ref).abs().max() / ref.abs().max()) < 1e-4

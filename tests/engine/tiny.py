@@ -1,0 +1,35 @@
+"""A tiny random Llama in HF transformers and the same weights in our runner."""
+
+from __future__ import annotations
+
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from metronome_engine import EngineCore, KVPolicy, ModelConfig
+from metronome_engine.model import LlamaModel
+
+VOCAB = 97
+
+
+def tiny_hf(seed: int = 0, *, tie: bool = True) -> LlamaForCausalLM:
+    torch.manual_seed(seed)
+    cfg = LlamaConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
+        rope_theta=10000.0, tie_word_embeddings=tie,
+    )
+    model = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for p in model.parameters():  # larger weights: sharper attention, a stricter test
+            p.mul_(4.0)
+    return model
+
+
+def tiny_runner(hf: LlamaForCausalLM) -> LlamaModel:
+    model = LlamaModel(ModelConfig.from_hf(hf.config.to_dict()))
+    model.load_hf_state_dict(hf.state_dict())
+    return model
+
+
+def tiny_engine(policy: KVPolicy, *, num_blocks: int = 256, block_size: int = 4, seed: int = 0) -> EngineCore:
+    return EngineCore(tiny_runner(tiny_hf(seed)), policy=policy, num_blocks=num_blocks, block_size=block_size)
