@@ -4,9 +4,16 @@ Sync and torch-only; the SDK drives it from a worker thread. ``BlockPool``,
 ``KVPolicy`` and ``SequenceKV`` need no torch.
 """
 
+from typing import TYPE_CHECKING
+
 from .block_pool import BlockPool
 from .kv_policy import KVPolicy
 from .sequence import SequenceKV
+
+if TYPE_CHECKING:
+    from .config import ModelConfig
+    from .engine import EngineCore, PoolStats, Stall, StepOutput, StepRequest
+    from .sampling import SamplingParams
 
 __all__ = [
     "BlockPool",

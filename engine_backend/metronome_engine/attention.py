@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
@@ -39,7 +39,7 @@ class AttentionBatch:
     sink_positions: Tensor | None  # [T] in-cache position of each new token (bounded policy with sinks)
     slot_mapping: Tensor  # [T] pool slot each new token's K/V is written to
     q_index: Tensor | None  # [T] row in the padded [B * Cmax] query layout; None when T == B * Cmax
-    gather: Tensor  # [B * Lmax] pool slot of each key column
+    gather: Tensor  # [B * max_blocks] pool block behind each run of block_size key columns
     mask: Tensor  # [B, Cmax, Lmax] additive mask, 0 or -inf
     logit_rows: Tensor | None  # rows of [T] whose logits are wanted; None for all
     num_seqs: int
@@ -48,18 +48,23 @@ class AttentionBatch:
     sink_cols: int
     group_size: int
     scale: float
+    block_row: int  # floats in one block of one head: block_size * head_dim
+    _head_gather: Tensor | None = None
+    _head_gather_blocks: int = 0
+    _buffers: dict[str, Tensor] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, policy: KVPolicy, chunks: Sequence[SeqChunk], *, head_dim: int, group_size: int,
-              device: torch.device) -> AttentionBatch:
+    def build(
+        cls, policy: KVPolicy, chunks: Sequence[SeqChunk], *, head_dim: int, group_size: int, device: torch.device
+    ) -> AttentionBatch:
         sinks = policy.sinks if policy.bounded else 0
         window = policy.window
+        bs = chunks[0].seq.block_size
         positions: list[int] = []
         slot_mapping: list[int] = []
         q_index: list[int] = []
         logit_rows: list[int] = []
-        cols: list[list[int]] = []  # stream index per key column, per session
-        slots: list[list[int]] = []
+        tables: list[list[tuple[int, int]]] = []  # resident (logical, physical) blocks per session
         any_all = False
         max_chunk = max(ch.n_new for ch in chunks)
         for b, ch in enumerate(chunks):
@@ -74,28 +79,31 @@ class AttentionBatch:
                 logit_rows.extend(range(base, base + ch.n_new))
             else:
                 logit_rows.append(base + ch.n_new - 1)
-            n_sink = min(sinks, t1 + 1)
-            ws0 = policy.span(t0)[1] if window is not None else 0
-            stream = list(range(n_sink)) + [_PAD] * (sinks - n_sink) + list(range(ws0, t1 + 1))
-            cols.append(stream)
-            slots.append(seq.slots(0, n_sink) + [0] * (sinks - n_sink) + seq.slots(ws0, t1 + 1))
+            tables.append(seq.resident_blocks())
         num_seqs = len(chunks)
-        max_cols = max(len(c) for c in cols)
-        gather = torch.zeros(num_seqs, max_cols, dtype=torch.int64)
-        kpos = torch.full((num_seqs, max_cols), _PAD, dtype=torch.int64)
-        for b in range(num_seqs):
-            n = len(cols[b])
-            gather[b, :n] = torch.tensor(slots[b], dtype=torch.int64)
-            kpos[b, :n] = torch.tensor(cols[b], dtype=torch.int64)
+        max_blocks = max(len(t) for t in tables)
+        max_cols = max_blocks * bs
+        # whole blocks are gathered (a contiguous copy per block); the mask drops the
+        # tokens of a block that are outside a query's span. Sink blocks come first, so
+        # column c < S is stream token c in every session.
+        block_ids = torch.zeros(num_seqs, max_blocks, dtype=torch.int64)
+        kpos = torch.full((num_seqs, max_blocks, bs), _PAD, dtype=torch.int64)
+        offsets = torch.arange(bs, dtype=torch.int64)
+        for b, table in enumerate(tables):
+            logical = torch.tensor([lb for lb, _ in table], dtype=torch.int64)
+            block_ids[b, : len(table)] = torch.tensor([pb for _, pb in table], dtype=torch.int64)
+            kpos[b, : len(table)] = logical[:, None] * bs + offsets
+        kpos = kpos.view(num_seqs, max_cols)
         pos = torch.tensor(positions, dtype=torch.int64)
         qidx = torch.tensor(q_index, dtype=torch.int64)
         # padded query rows repeat their session's last token, so no row is empty
         qpos = torch.empty(num_seqs * max_chunk, dtype=torch.int64)
         for b, ch in enumerate(chunks):
-            qpos[b * max_chunk:(b + 1) * max_chunk] = ch.seq.num_tokens + ch.n_new - 1
+            qpos[b * max_chunk : (b + 1) * max_chunk] = ch.seq.num_tokens + ch.n_new - 1
         qpos[qidx] = pos
         qpos = qpos.view(num_seqs, max_chunk, 1)
         k = kpos.view(num_seqs, 1, max_cols)
+        valid: Tensor
         if window is None:
             valid = k <= qpos
             sink_positions = None
@@ -117,16 +125,18 @@ class AttentionBatch:
             sink_positions=sink_positions.to(device) if sink_positions is not None else None,
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
             q_index=None if dense else qidx.to(device),
-            gather=gather.view(-1).to(device),
+            gather=block_ids.view(-1).to(device),
             mask=mask.to(device),
             logit_rows=torch.tensor(logit_rows, dtype=torch.int64, device=device)
-            if not (any_all and len(logit_rows) == len(positions)) else None,
+            if not (any_all and len(logit_rows) == len(positions))
+            else None,
             num_seqs=num_seqs,
             max_chunk=max_chunk,
             max_cols=max_cols,
             sink_cols=sinks,
             group_size=group_size,
             scale=1.0 / math.sqrt(head_dim),
+            block_row=bs * head_dim,
         )
 
     def _to_heads(self, q: Tensor) -> Tensor:
@@ -140,12 +150,29 @@ class AttentionBatch:
         q = q.view(self.num_seqs, self.max_chunk, kvh, self.group_size, q.shape[-1])
         return q.permute(2, 0, 1, 3, 4).reshape(kvh, self.num_seqs, self.max_chunk * self.group_size, -1)
 
+    def _gather(self, layer: Tensor, which: str) -> Tensor:
+        # rows of whole blocks: index_select on dim 0 of contiguous rows runs at copy speed
+        kvh, slots, hd = layer.shape
+        num_blocks = slots * hd // self.block_row
+        if self._head_gather is None or self._head_gather_blocks != num_blocks:
+            heads = torch.arange(kvh, device=self.gather.device).view(kvh, 1) * num_blocks
+            self._head_gather = (heads + self.gather.view(1, -1)).view(-1)
+            self._head_gather_blocks = num_blocks
+        rows = layer.view(kvh * num_blocks, self.block_row)
+        # one buffer per step for K and one for V, reused by every layer: fresh multi-MB
+        # allocations each layer cost page faults that dwarf the copy itself
+        buf = self._buffers.get(which)
+        if buf is None:
+            buf = rows.new_empty((self._head_gather.numel(), self.block_row))
+            self._buffers[which] = buf
+        return torch.index_select(rows, 0, self._head_gather, out=buf)
+
     def attend(self, q: Tensor, q_sink: Tensor | None, k_layer: Tensor, v_layer: Tensor) -> Tensor:
         """Attention output ``[T, H * hd]`` for this step's queries against ``[kvh, slots, hd]`` K/V."""
         kvh, _, hd = k_layer.shape
         b, c, g, cols = self.num_seqs, self.max_chunk, self.group_size, self.max_cols
-        keys = k_layer.index_select(1, self.gather).view(kvh, b, cols, hd)
-        values = v_layer.index_select(1, self.gather).view(kvh, b, cols, hd)
+        keys = self._gather(k_layer, "k").view(kvh, b, cols, hd)
+        values = self._gather(v_layer, "v").view(kvh, b, cols, hd)
         scores = torch.matmul(self._to_heads(q), keys.transpose(-1, -2))
         if q_sink is not None and self.sink_cols:
             s = self.sink_cols

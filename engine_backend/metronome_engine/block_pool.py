@@ -19,7 +19,7 @@ class BlockPool:
     slot ``b * block_size + s`` in the engine's KV tensors.
     """
 
-    __slots__ = ("_block_size", "_num_blocks", "_free", "_used")
+    __slots__ = ("_block_size", "_free", "_num_blocks", "_used")
 
     def __init__(self, num_blocks: int, block_size: int = 16) -> None:
         if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:

@@ -88,8 +88,15 @@ class EngineCore:
     session's bound, else ``ValueError``.
     """
 
-    def __init__(self, model: LlamaModel, *, policy: KVPolicy, num_blocks: int | None = None,
-                 memory_bytes: int | None = None, block_size: int = 16) -> None:
+    def __init__(
+        self,
+        model: LlamaModel,
+        *,
+        policy: KVPolicy,
+        num_blocks: int | None = None,
+        memory_bytes: int | None = None,
+        block_size: int = 16,
+    ) -> None:
         if (num_blocks is None) == (memory_bytes is None):
             raise ValueError("give exactly one of num_blocks or memory_bytes to size the block pool")
         if not isinstance(policy, KVPolicy):
@@ -117,8 +124,14 @@ class EngineCore:
         self._ids = itertools.count(1)
 
     @classmethod
-    def from_pretrained(cls, model: str | os.PathLike[str] = "smollm2-135m-instruct", *, policy: KVPolicy,
-                        device: str = "cpu", **pool: int) -> EngineCore:
+    def from_pretrained(
+        cls,
+        model: str | os.PathLike[str] = "smollm2-135m-instruct",
+        *,
+        policy: KVPolicy,
+        device: str = "cpu",
+        **pool: int,
+    ) -> EngineCore:
         from .weights import load_model
 
         return cls(load_model(model, device=device), policy=policy, **pool)
@@ -174,8 +187,9 @@ class EngineCore:
         for req in requests:
             seq = self._seqs[req.seq_id]
             if not seq.kv.reserve(len(req.tokens)):
-                outputs[req.seq_id] = StepOutput(req.seq_id, stall=Stall.POOL_EXHAUSTED,
-                                                 num_tokens=seq.kv.num_tokens, num_blocks=seq.kv.num_blocks)
+                outputs[req.seq_id] = StepOutput(
+                    req.seq_id, stall=Stall.POOL_EXHAUSTED, num_tokens=seq.kv.num_tokens, num_blocks=seq.kv.num_blocks
+                )
                 continue
             chunks.append(SeqChunk(seq.kv, len(req.tokens), all_logits=req.all_logits))
             served.append(req)
@@ -189,23 +203,32 @@ class EngineCore:
         return [outputs[r.seq_id] for r in requests]
 
     def _run(self, chunks: list[SeqChunk], served: list[StepRequest], outputs: dict[int, StepOutput]) -> None:
-        batch = AttentionBatch.build(self.policy, chunks, head_dim=self.config.head_dim,
-                                     group_size=self.config.group_size, device=self.device)
+        batch = AttentionBatch.build(
+            self.policy, chunks, head_dim=self.config.head_dim, group_size=self.config.group_size, device=self.device
+        )
         ids = torch.tensor([t for r in served for t in r.tokens], dtype=torch.int64, device=self.device)
         hidden = self.model(ids, batch, self.cache)
         logits = self.model.logits(hidden)
+        # row of each session's last token, and its rows when it asked for all of them
+        spans: list[tuple[int, int]] = []
         row = 0
         for ch, req in zip(chunks, served, strict=True):
             n_rows = ch.n_new if (req.all_logits or batch.logit_rows is None) else 1
-            rows = logits[row:row + n_rows]
+            spans.append((row, row + n_rows))
             row += n_rows
-            last = rows[-1]
+        last_rows = torch.tensor([end - 1 for _, end in spans], device=logits.device)
+        greedy = logits.index_select(0, last_rows).argmax(dim=-1).tolist()  # one call for the batch
+        for i, (ch, req) in enumerate(zip(chunks, served, strict=True)):
+            start, end = spans[i]
             seq = self._seqs[req.seq_id]
-            token = sample(last, seq.sampling, seq.generator) if req.sample else None
-            out_logits = rows if req.all_logits else (last if req.return_logits else None)
+            token: int | None = None
+            if req.sample:
+                token = int(greedy[i]) if seq.sampling.greedy else sample(logits[end - 1], seq.sampling, seq.generator)
+            out_logits = logits[start:end] if req.all_logits else (logits[end - 1] if req.return_logits else None)
             ch.seq.commit(ch.n_new)
-            outputs[req.seq_id] = StepOutput(req.seq_id, token=token, logits=out_logits,
-                                             num_tokens=ch.seq.num_tokens, num_blocks=ch.seq.num_blocks)
+            outputs[req.seq_id] = StepOutput(
+                req.seq_id, token=token, logits=out_logits, num_tokens=ch.seq.num_tokens, num_blocks=ch.seq.num_blocks
+            )
 
     def _validate(self, requests: Sequence[StepRequest]) -> None:
         """Reject the whole step before anything changes: nothing is half-applied."""

@@ -14,6 +14,8 @@ The result equals rotating every resident token at its cache position ``0..S+W-1
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
@@ -45,8 +47,14 @@ class KVCache:
     ready for one batched matmul per layer.
     """
 
-    def __init__(self, config: ModelConfig, num_slots: int, *, device: torch.device | str = "cpu",
-                 dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self,
+        config: ModelConfig,
+        num_slots: int,
+        *,
+        device: torch.device | str = "cpu",
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
         shape = (config.num_layers, config.num_kv_heads, num_slots, config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -58,6 +66,8 @@ class KVCache:
 
 
 class LlamaModel(nn.Module):
+    inv_freq: Tensor
+
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
@@ -65,8 +75,11 @@ class LlamaModel(nn.Module):
         q_out = c.num_heads * c.head_dim
         kv_out = c.num_kv_heads * c.head_dim
         self.embed = nn.Parameter(torch.empty(c.vocab_size, c.hidden_size), requires_grad=False)
-        self.lm_head = (self.embed if c.tie_word_embeddings
-                        else nn.Parameter(torch.empty(c.vocab_size, c.hidden_size), requires_grad=False))
+        self.lm_head = (
+            self.embed
+            if c.tie_word_embeddings
+            else nn.Parameter(torch.empty(c.vocab_size, c.hidden_size), requires_grad=False)
+        )
         self.layers = nn.ModuleList(_Layer(c, q_out, kv_out) for _ in range(c.num_layers))
         self.norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
@@ -78,19 +91,16 @@ class LlamaModel(nn.Module):
         c = self.config
         x = F.embedding(input_ids, self.embed)
         cos, sin = rope_cos_sin(self.inv_freq, batch.positions)
-        if batch.sink_positions is not None:
-            sink_cos, sink_sin = rope_cos_sin(self.inv_freq, batch.sink_positions)
-        else:
-            sink_cos = sink_sin = None
-        for i, layer in enumerate(self.layers):
+        sink_rope = rope_cos_sin(self.inv_freq, batch.sink_positions) if batch.sink_positions is not None else None
+        for i, layer in enumerate(self._layers()):
             h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = F.linear(h, layer.qkv)
-            q, k, v = qkv.split((layer.q_out, layer.kv_out, layer.kv_out), dim=-1)
+            q, k, v = torch.split(qkv, [layer.q_out, layer.kv_out, layer.kv_out], dim=-1)
             q = q.view(-1, c.num_heads, c.head_dim)
             k = k.view(-1, c.num_kv_heads, c.head_dim)
             v = v.view(-1, c.num_kv_heads, c.head_dim)
             q_stream = apply_rope(q, cos, sin)
-            q_sink = apply_rope(q, sink_cos, sink_sin) if sink_cos is not None and sink_sin is not None else None
+            q_sink = apply_rope(q, *sink_rope) if sink_rope is not None else None
             k = apply_rope(k, cos, sin)
             # write this step's K/V before gathering, so each token sees itself
             cache.k[i].index_copy_(1, batch.slot_mapping, k.transpose(0, 1))
@@ -102,6 +112,9 @@ class LlamaModel(nn.Module):
             x = x + F.linear(F.silu(gate) * up, layer.down_proj)
         x = x[batch.logit_rows] if batch.logit_rows is not None else x
         return _rms_norm(x, self.norm, c.rms_norm_eps)
+
+    def _layers(self) -> list[_Layer]:
+        return [cast(_Layer, layer) for layer in self.layers]
 
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
@@ -124,7 +137,7 @@ class LlamaModel(nn.Module):
             if not c.tie_word_embeddings:
                 self.lm_head.copy_(take("lm_head.weight"))
             self.norm.copy_(take("model.norm.weight"))
-            for i, layer in enumerate(self.layers):
+            for i, layer in enumerate(self._layers()):
                 p = f"model.layers.{i}."
                 parts = [take(p + f"self_attn.{n}_proj.weight") for n in ("q", "k", "v")]
                 gu = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
@@ -141,6 +154,13 @@ class LlamaModel(nn.Module):
 
 
 class _Layer(nn.Module):
+    qkv: nn.Parameter
+    o_proj: nn.Parameter
+    gate_up: nn.Parameter
+    down_proj: nn.Parameter
+    input_norm: nn.Parameter
+    post_norm: nn.Parameter
+
     def __init__(self, c: ModelConfig, q_out: int, kv_out: int) -> None:
         super().__init__()
         self.q_out, self.kv_out = q_out, kv_out

@@ -14,7 +14,7 @@ __all__ = ["SequenceKV"]
 
 
 class SequenceKV:
-    __slots__ = ("seq_id", "policy", "block_size", "num_tokens", "_table", "_pool")
+    __slots__ = ("_pool", "_table", "block_size", "num_tokens", "policy", "seq_id")
 
     def __init__(self, seq_id: int, policy: KVPolicy, pool: BlockPool) -> None:
         self.seq_id = seq_id
@@ -45,8 +45,9 @@ class SequenceKV:
             return False
         if need:
             bs = self.block_size
-            missing = [lb for lb in range(self.num_tokens // bs, (self.num_tokens + n - 1) // bs + 1)
-                       if lb not in self._table]
+            missing = [
+                lb for lb in range(self.num_tokens // bs, (self.num_tokens + n - 1) // bs + 1) if lb not in self._table
+            ]
             self._table.update(zip(missing, got, strict=True))
         return True
 
@@ -80,6 +81,10 @@ class SequenceKV:
         bs = self.block_size
         table = self._table
         return [table[j // bs] * bs + j % bs for j in range(start, stop)]
+
+    def resident_blocks(self) -> list[tuple[int, int]]:
+        """``(logical, physical)`` of every block held, in stream order."""
+        return sorted(self._table.items())
 
     def release(self) -> None:
         """Return every block to the pool (the session ended)."""

@@ -25,7 +25,7 @@ class Tokenizer:
 
     @property
     def vocab_size(self) -> int:
-        return int(len(self._tok))
+        return len(self._tok)
 
     def encode(self, text: str) -> list[int]:
         return list(self._tok.encode(text, add_special_tokens=False))
@@ -35,6 +35,7 @@ class Tokenizer:
 
     def chat(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool = True) -> list[int]:
         """Token ids of ``messages`` rendered with the model's chat template."""
-        text = self._tok.apply_chat_template(list(messages), tokenize=False,
-                                             add_generation_prompt=add_generation_prompt)
+        text = self._tok.apply_chat_template(
+            list(messages), tokenize=False, add_generation_prompt=add_generation_prompt
+        )
         return self.encode(str(text))

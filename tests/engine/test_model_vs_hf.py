@@ -27,8 +27,12 @@ def test_chunked_prefill_then_decode_matches_hf() -> None:
             assert rel_err(out.logits, hf(torch.tensor([t[:n]])).logits[0]) < 1e-4
         cur = list(prefill)
         for chunk in (1, 3, 1, 2):  # decode steps and small chunks, mixed
-            outs = engine.step([StepRequest(s, t[c:c + chunk], return_logits=True)
-                                for s, t, c in zip(seqs, streams, cur, strict=True)])
+            outs = engine.step(
+                [
+                    StepRequest(s, t[c : c + chunk], return_logits=True)
+                    for s, t, c in zip(seqs, streams, cur, strict=True)
+                ]
+            )
             cur = [c + chunk for c in cur]
             for out, t, c in zip(outs, streams, cur, strict=True):
                 assert out.logits is not None
@@ -49,4 +53,4 @@ def test_greedy_generation_matches_hf_generate() -> None:
     hf.generation_config.eos_token_id = None  # generate all 12 tokens, as the engine does
     with torch.no_grad():
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=12, do_sample=False, pad_token_id=0)
-    assert ours == ref[0, len(prompt):].tolist()
+    assert ours == ref[0, len(prompt) :].tolist()

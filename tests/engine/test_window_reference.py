@@ -26,8 +26,9 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
     return x * cos[:, None, :] + rot * sin[:, None, :]
 
 
-def dense_reference(hf: LlamaForCausalLM, tokens: list[int], window: int | None, sinks: int,
-                    original_positions: bool = False) -> torch.Tensor:
+def dense_reference(
+    hf: LlamaForCausalLM, tokens: list[int], window: int | None, sinks: int, original_positions: bool = False
+) -> torch.Tensor:
     """Logits for every token; query t attends to sinks [0, S) and window [max(S, t-W+1), t]."""
     c = hf.config
     sd = hf.state_dict()
@@ -54,13 +55,15 @@ def dense_reference(hf: LlamaForCausalLM, tokens: list[int], window: int | None,
             idx = torch.tensor(span)
             pos = idx if original_positions else torch.arange(len(span))
             ks = _rope(k[idx], pos, theta).repeat_interleave(h_ // kvh, dim=1)  # [L, H, hd]
-            qt = _rope(q[t:t + 1], pos[-1:], theta)[0]  # [H, hd]
+            qt = _rope(q[t : t + 1], pos[-1:], theta)[0]  # [H, hd]
             att = torch.softmax(torch.einsum("hd,lhd->hl", qt, ks) / hd**0.5, -1)
             out[t] = torch.einsum("hl,lhd->hd", att, v[idx].repeat_interleave(h_ // kvh, dim=1))
         x = x + F.linear(out.view(n, -1), sd[p + "self_attn.o_proj.weight"])
         h = norm(x, sd[p + "post_attention_layernorm.weight"])
-        x = x + F.linear(F.silu(F.linear(h, sd[p + "mlp.gate_proj.weight"])) * F.linear(h, sd[p + "mlp.up_proj.weight"]),
-                         sd[p + "mlp.down_proj.weight"])
+        x = x + F.linear(
+            F.silu(F.linear(h, sd[p + "mlp.gate_proj.weight"])) * F.linear(h, sd[p + "mlp.up_proj.weight"]),
+            sd[p + "mlp.down_proj.weight"],
+        )
     x = norm(x, sd["model.norm.weight"])
     return F.linear(x, sd["model.embed_tokens.weight"])
 
@@ -69,7 +72,7 @@ def stream_logits(engine: EngineCore, tokens: list[int], chunks: list[int]) -> t
     seq = engine.add_sequence()
     rows, at = [], 0
     for size in chunks:
-        out = engine.step([StepRequest(seq, tokens[at:at + size], all_logits=True)])[0]
+        out = engine.step([StepRequest(seq, tokens[at : at + size], all_logits=True)])[0]
         assert out.ok and out.logits is not None
         rows.append(out.logits)
         at += size
@@ -116,10 +119,10 @@ def test_batch_of_windowed_sessions_matches_each_alone() -> None:
         for i, seq in enumerate(seqs):
             if round_ < len(sizes[i]):
                 n = sizes[i][round_]
-                reqs.append(StepRequest(seq, streams[i][offsets[i]:offsets[i] + n], all_logits=True))
+                reqs.append(StepRequest(seq, streams[i][offsets[i] : offsets[i] + n], all_logits=True))
                 who.append((i, offsets[i], n))
                 offsets[i] += n
         for out, (i, at, n) in zip(engine.step(reqs), who, strict=True):
             assert out.logits is not None
-            ref = refs[i][at:at + n]
+            ref = refs[i][at : at + n]
             assert float((out.logits - ref).abs().max() / ref.abs().max()) < 1e-4

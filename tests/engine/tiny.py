@@ -14,9 +14,15 @@ VOCAB = 97
 def tiny_hf(seed: int = 0, *, tie: bool = True) -> LlamaForCausalLM:
     torch.manual_seed(seed)
     cfg = LlamaConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-        rope_theta=10000.0, tie_word_embeddings=tie,
+        vocab_size=VOCAB,
+        hidden_size=64,
+        intermediate_size=96,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=256,
+        rope_theta=10000.0,
+        tie_word_embeddings=tie,
     )
     model = LlamaForCausalLM(cfg).eval()
     with torch.no_grad():

@@ -1,0 +1,1 @@
+"""Benchmarks (``metronome bench ...``): every figure measured in the run that prints it."""

@@ -1,0 +1,59 @@
+"""This machine's roofline, measured now: fp32 GEMM rate and memory copy bandwidth."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from metronome_engine import ModelConfig
+
+__all__ = ["Roofline", "measure_roofline", "decode_step_cost"]
+
+
+@dataclass(frozen=True, slots=True)
+class Roofline:
+    gemm_gflops: float  # fp32 2048^3 matmul
+    copy_gbs: float  # tensor.copy_ of 256 MB, counting read + write
+
+    def floor_ms(self, flops: float, bytes_moved: float) -> float:
+        """The lower bound on a step: compute-bound or bandwidth-bound, whichever is slower."""
+        return max(flops / (self.gemm_gflops * 1e9), bytes_moved / (self.copy_gbs * 1e9)) * 1e3
+
+
+def _best_of(fn: object, repeats: int) -> float:
+    assert callable(fn)
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure_roofline(repeats: int = 5) -> Roofline:
+    n = 2048
+    a, b = torch.randn(n, n), torch.randn(n, n)
+    gemm_s = _best_of(lambda: torch.mm(a, b), repeats)
+    src = torch.ones(64 * 1024 * 1024)  # 256 MB of fp32
+    dst = torch.empty_like(src)
+    copy_s = _best_of(lambda: dst.copy_(src), repeats)
+    return Roofline(gemm_gflops=2 * n**3 / gemm_s / 1e9, copy_gbs=2 * src.numel() * 4 / copy_s / 1e9)
+
+
+def decode_step_cost(config: ModelConfig, contexts: list[int]) -> tuple[float, float]:
+    """(FLOPs, bytes) of one decode step: one new token per session at these context lengths.
+
+    Bytes count every weight read once plus each session's K/V read once.
+    """
+    c = config
+    q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+    per_layer = c.hidden_size * (q_out + 2 * kv_out) + q_out * c.hidden_size + 3 * c.hidden_size * c.intermediate_size
+    weights = c.num_layers * per_layer + c.vocab_size * c.hidden_size
+    batch = len(contexts)
+    attn_flops = sum(4 * (ctx + 1) * q_out * c.num_layers for ctx in contexts)
+    flops = 2.0 * weights * batch + attn_flops
+    kv_bytes = sum((ctx + 1) * c.kv_bytes_per_token(4) for ctx in contexts)
+    return flops, 4.0 * weights + kv_bytes

@@ -1,0 +1,130 @@
+"""Decode-step latency of the engine against HF transformers on the same weights and contexts."""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+
+import torch
+
+from metronome_engine import EngineCore, KVPolicy, StepRequest
+from metronome_engine.weights import load_model, resolve_model_dir
+
+from .roofline import Roofline, decode_step_cost, measure_roofline
+
+__all__ = ["StepResult", "contexts_for", "run_step_bench"]
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    batch: int
+    engine_ms: float
+    hf_ms: float | None
+    floor_ms: float
+    context_min: int
+    context_max: int
+
+    def as_dict(self) -> dict[str, float | int | None]:
+        d = asdict(self)
+        d["engine_vs_hf"] = self.engine_ms / self.hf_ms if self.hf_ms else None
+        d["engine_vs_floor"] = self.engine_ms / self.floor_ms
+        return d
+
+
+def contexts_for(batch: int, lo: int = 128, hi: int = 272) -> list[int]:
+    """Context lengths spread over ``[lo, hi)``, the same for both engines."""
+    return [lo + (i * (hi - lo)) // batch for i in range(batch)]
+
+
+def _median_ms(step: Callable[[], None], steps: int) -> float:
+    step()  # warm-up
+    times = []
+    for _ in range(steps):
+        t = time.perf_counter()
+        step()
+        times.append((time.perf_counter() - t) * 1e3)
+    return statistics.median(times)
+
+
+def engine_step_ms(model_name: str, contexts: list[int], steps: int, seed: int = 0) -> float:
+    model = load_model(model_name)
+    need = sum(-(-(c + steps + 2) // 16) for c in contexts) + len(contexts)
+    engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=need, block_size=16)
+    gen = torch.Generator().manual_seed(seed)
+    seqs = []
+    for ctx in contexts:
+        seq = engine.add_sequence()
+        engine.step(
+            [StepRequest(seq, torch.randint(0, model.config.vocab_size, (ctx,), generator=gen).tolist(), sample=False)]
+        )
+        seqs.append(seq)
+    nxt = {s: 1 for s in seqs}
+
+    def step() -> None:
+        outs = engine.step([StepRequest(s, [nxt[s]]) for s in seqs])
+        for o in outs:
+            assert o.token is not None, "a decode step stalled: the benchmark pool is too small"
+            nxt[o.seq_id] = o.token
+
+    return _median_ms(step, steps)
+
+
+def hf_step_ms(model_name: str, contexts: list[int], steps: int, seed: int = 0) -> float:
+    """HF ``LlamaForCausalLM`` with its ``DynamicCache``: left-padded batch, one token per step."""
+    from transformers import LlamaForCausalLM
+
+    hf = LlamaForCausalLM.from_pretrained(str(resolve_model_dir(model_name)), dtype=torch.float32)
+    hf.train(False)
+    vocab = hf.config.vocab_size
+    gen = torch.Generator().manual_seed(seed)
+    width = max(contexts)
+    ids = torch.zeros(len(contexts), width, dtype=torch.int64)
+    mask = torch.zeros(len(contexts), width, dtype=torch.int64)
+    for i, ctx in enumerate(contexts):
+        ids[i, width - ctx :] = torch.randint(0, vocab, (ctx,), generator=gen)
+        mask[i, width - ctx :] = 1
+    with torch.inference_mode():
+        out = hf(input_ids=ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True)
+        state = {"cache": out.past_key_values, "mask": mask, "next": out.logits[:, -1].argmax(-1, keepdim=True)}
+
+        def step() -> None:
+            m = torch.cat([state["mask"], torch.ones(len(contexts), 1, dtype=torch.int64)], dim=1)
+            o = hf(
+                input_ids=state["next"],
+                attention_mask=m,
+                position_ids=m.sum(-1, keepdim=True) - 1,
+                past_key_values=state["cache"],
+                use_cache=True,
+            )
+            state.update(cache=o.past_key_values, mask=m, next=o.logits[:, -1].argmax(-1, keepdim=True))
+
+        return _median_ms(step, steps)
+
+
+def run_step_bench(
+    batches: list[int],
+    *,
+    model: str = "smollm2-135m-instruct",
+    steps: int = 10,
+    with_hf: bool = True,
+    roofline: Roofline | None = None,
+    on_progress: Callable[[str], None] | None = None,
+) -> tuple[Roofline, list[StepResult]]:
+    roof = roofline or measure_roofline()
+    config = load_model(model).config
+    results = []
+    for batch in batches:
+        ctx = contexts_for(batch)
+        if on_progress:
+            on_progress(f"batch {batch}: engine")
+        eng = engine_step_ms(model, ctx, steps)
+        hf = None
+        if with_hf:
+            if on_progress:
+                on_progress(f"batch {batch}: HF transformers")
+            hf = hf_step_ms(model, ctx, steps)
+        flops, moved = decode_step_cost(config, ctx)
+        results.append(StepResult(batch, eng, hf, roof.floor_ms(flops, moved), min(ctx), max(ctx)))
+    return roof, results

@@ -1,0 +1,1 @@
+"""Evaluations of the bound on the real model (``metronome eval ...``)."""
