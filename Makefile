@@ -28,7 +28,7 @@ typecheck: $(STAMP)
 	$(VENV)/bin/mypy
 
 docs: $(STAMP)
-	$(VENV)/bin/mkdocs build --strict --site-dir .site
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict --site-dir .site
 
 test: $(STAMP) lint typecheck docs
 	$(VENV)/bin/pytest -m "not slow and not browser and not vllm"
