@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given
 from hypothesis import strategies as st
 
 from metronome_engine import BlockPool, KVPolicy, SequenceKV
@@ -58,7 +58,7 @@ def test_pool_sized_from_a_byte_budget() -> None:
 
 @pytest.mark.parametrize(("num_blocks", "block_size"), [(0, 16), (-1, 16), (4, 0), (True, 16)])
 def test_bad_pool_sizes_name_the_field(num_blocks: int, block_size: int) -> None:
-    with pytest.raises(ValueError, match="num_blocks|block_size"):
+    with pytest.raises(ValueError, match=r"num_blocks|block_size"):
         BlockPool(num_blocks, block_size)
 
 
