@@ -17,9 +17,11 @@ import torch
 from torch import Tensor
 
 from .attention import AttentionBatch, SeqChunk
+from .batch_view import BatchView
 from .block_pool import BlockPool
+from .kv_cache import KVCache
 from .kv_policy import KVPolicy
-from .model import KVCache, LlamaModel
+from .model import LlamaModel
 from .sampling import SamplingParams, sample
 from .sequence import SequenceKV
 
@@ -119,7 +121,8 @@ class EngineCore:
                 f"{bound} blocks ({bound * bytes_per_block} bytes) or lower the window"
             )
         self.bytes_per_block = bytes_per_block
-        self.cache = KVCache(self.config, self.pool.num_blocks * block_size, device=self.device)
+        self.cache = KVCache(self.config, self.pool.num_blocks, block_size, device=self.device)
+        self.view = BatchView()
         self._seqs: dict[int, _Seq] = {}
         self._ids = itertools.count(1)
 
@@ -197,17 +200,25 @@ class EngineCore:
             try:
                 self._run(chunks, served, outputs)
             except BaseException:
+                self.view.invalidate()
                 for ch in chunks:
                     ch.seq.rollback()
                 raise
         return [outputs[r.seq_id] for r in requests]
 
     def _run(self, chunks: list[SeqChunk], served: list[StepRequest], outputs: dict[int, StepOutput]) -> None:
+        rows = self.view.prepare(self.cache, [ch.seq for ch in chunks])
         batch = AttentionBatch.build(
-            self.policy, chunks, head_dim=self.config.head_dim, group_size=self.config.group_size, device=self.device
+            self.policy,
+            chunks,
+            rows,
+            self.view.capacity,
+            head_dim=self.config.head_dim,
+            group_size=self.config.group_size,
+            device=self.device,
         )
         ids = torch.tensor([t for r in served for t in r.tokens], dtype=torch.int64, device=self.device)
-        hidden = self.model(ids, batch, self.cache)
+        hidden = self.model(ids, batch, self.cache, self.view)
         logits = self.model.logits(hidden)
         # row of each session's last token, and its rows when it asked for all of them
         spans: list[tuple[int, int]] = []

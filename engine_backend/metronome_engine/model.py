@@ -21,9 +21,11 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from .attention import AttentionBatch
+from .batch_view import BatchView
 from .config import ModelConfig
+from .kv_cache import KVCache
 
-__all__ = ["LlamaModel", "KVCache", "rope_cos_sin", "apply_rope"]
+__all__ = ["LlamaModel", "rope_cos_sin", "apply_rope"]
 
 
 def rope_cos_sin(inv_freq: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -38,31 +40,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     half = x.shape[-1] // 2
     rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
     return x * cos[:, None, :] + rotated * sin[:, None, :]
-
-
-class KVCache:
-    """K and V for every slot of the pool: ``[layers, kv_heads, slots, head_dim]``.
-
-    Heads-major so that gathering a batch's slots yields ``[kv_heads, B, L, head_dim]``
-    ready for one batched matmul per layer.
-    """
-
-    def __init__(
-        self,
-        config: ModelConfig,
-        num_slots: int,
-        *,
-        device: torch.device | str = "cpu",
-        dtype: torch.dtype = torch.float32,
-    ) -> None:
-        shape = (config.num_layers, config.num_kv_heads, num_slots, config.head_dim)
-        self.k = torch.zeros(shape, device=device, dtype=dtype)
-        self.v = torch.zeros(shape, device=device, dtype=dtype)
-
-    @staticmethod
-    def bytes_per_slot(config: ModelConfig, dtype: torch.dtype = torch.float32) -> int:
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        return config.kv_bytes_per_token(itemsize)
 
 
 class LlamaModel(nn.Module):
@@ -86,7 +63,7 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
     @torch.inference_mode()
-    def forward(self, input_ids: Tensor, batch: AttentionBatch, cache: KVCache) -> Tensor:
+    def forward(self, input_ids: Tensor, batch: AttentionBatch, cache: KVCache, view: BatchView) -> Tensor:
         """Hidden states after the final norm for the rows ``batch.logit_rows``."""
         c = self.config
         x = F.embedding(input_ids, self.embed)
@@ -94,7 +71,7 @@ class LlamaModel(nn.Module):
         sink_rope = rope_cos_sin(self.inv_freq, batch.sink_positions) if batch.sink_positions is not None else None
         for i, layer in enumerate(self._layers()):
             h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = F.linear(h, layer.qkv)
+            qkv = torch.mm(h, layer.qkv)
             q, k, v = torch.split(qkv, [layer.q_out, layer.kv_out, layer.kv_out], dim=-1)
             q = q.view(-1, c.num_heads, c.head_dim)
             k = k.view(-1, c.num_kv_heads, c.head_dim)
@@ -102,14 +79,19 @@ class LlamaModel(nn.Module):
             q_stream = apply_rope(q, cos, sin)
             q_sink = apply_rope(q, *sink_rope) if sink_rope is not None else None
             k = apply_rope(k, cos, sin)
-            # write this step's K/V before gathering, so each token sees itself
-            cache.k[i].index_copy_(1, batch.slot_mapping, k.transpose(0, 1))
-            cache.v[i].index_copy_(1, batch.slot_mapping, v.transpose(0, 1))
-            attn = batch.attend(q_stream, q_sink, cache.k[i], cache.v[i])
-            x = x + F.linear(attn, layer.o_proj)
+            # this step's K/V go to the pool (the truth) and to the batch view (what attention
+            # reads), before attention, so each token sees itself
+            k_t, v_t = k.transpose(0, 1), v.transpose(0, 1)
+            cache.k[i].index_copy_(1, batch.slot_mapping, k_t)
+            cache.v[i].index_copy_(1, batch.slot_mapping, v_t)
+            k_view, v_view = view.layer(i)
+            k_view.index_copy_(1, batch.view_mapping, k_t)
+            v_view.index_copy_(1, batch.view_mapping, v_t)
+            attn = batch.attend(q_stream, q_sink, k_view, v_view)
+            x = x + torch.mm(attn, layer.o_proj)
             h = _rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + F.linear(F.silu(gate) * up, layer.down_proj)
+            gate, up = torch.mm(h, layer.gate_up).chunk(2, dim=-1)
+            x = x + torch.mm(F.silu(gate) * up, layer.down_proj)
         x = x[batch.logit_rows] if batch.logit_rows is not None else x
         return _rms_norm(x, self.norm, c.rms_norm_eps)
 
@@ -143,10 +125,10 @@ class LlamaModel(nn.Module):
                 gu = [take(p + f"mlp.{n}_proj.weight") for n in ("gate", "up")]
                 if missing:
                     break
-                layer.qkv.copy_(torch.cat(parts, dim=0))
-                layer.o_proj.copy_(take(p + "self_attn.o_proj.weight"))
-                layer.gate_up.copy_(torch.cat(gu, dim=0))
-                layer.down_proj.copy_(take(p + "mlp.down_proj.weight"))
+                layer.qkv.copy_(torch.cat(parts, dim=0).t())
+                layer.o_proj.copy_(take(p + "self_attn.o_proj.weight").t())
+                layer.gate_up.copy_(torch.cat(gu, dim=0).t())
+                layer.down_proj.copy_(take(p + "mlp.down_proj.weight").t())
                 layer.input_norm.copy_(take(p + "input_layernorm.weight"))
                 layer.post_norm.copy_(take(p + "post_attention_layernorm.weight"))
         if missing:
@@ -165,10 +147,11 @@ class _Layer(nn.Module):
         super().__init__()
         self.q_out, self.kv_out = q_out, kv_out
         h, f = c.hidden_size, c.intermediate_size
-        self.qkv = nn.Parameter(torch.empty(q_out + 2 * kv_out, h), requires_grad=False)
-        self.o_proj = nn.Parameter(torch.empty(h, q_out), requires_grad=False)
-        self.gate_up = nn.Parameter(torch.empty(2 * f, h), requires_grad=False)
-        self.down_proj = nn.Parameter(torch.empty(h, f), requires_grad=False)
+        # stored [in, out]: x @ W with small batches runs faster here than F.linear's x @ W.T
+        self.qkv = nn.Parameter(torch.empty(h, q_out + 2 * kv_out), requires_grad=False)
+        self.o_proj = nn.Parameter(torch.empty(q_out, h), requires_grad=False)
+        self.gate_up = nn.Parameter(torch.empty(h, 2 * f), requires_grad=False)
+        self.down_proj = nn.Parameter(torch.empty(f, h), requires_grad=False)
         self.input_norm = nn.Parameter(torch.ones(h), requires_grad=False)
         self.post_norm = nn.Parameter(torch.ones(h), requires_grad=False)
 

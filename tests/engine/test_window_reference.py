@@ -126,3 +126,31 @@ def test_batch_of_windowed_sessions_matches_each_alone() -> None:
             assert out.logits is not None
             ref = refs[i][at : at + n]
             assert float((out.logits - ref).abs().max() / ref.abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("policy", [KVPolicy.windowed(6, sinks=2), KVPolicy.full()])
+def test_sessions_that_come_and_go_keep_exact_logits(policy: KVPolicy) -> None:
+    """Random participation per step: rows of the batch view are reused, holed, compacted and rebuilt."""
+    hf = tiny_hf(6)
+    gen = torch.Generator().manual_seed(11)
+    n_tok = 120
+    streams = [torch.randint(0, VOCAB, (n_tok,), generator=gen).tolist() for _ in range(3)]
+    window = policy.window
+    refs = [dense_reference(hf, s, window, policy.sinks) for s in streams]
+    engine = EngineCore(tiny_runner(hf), policy=policy, num_blocks=128, block_size=4)
+    seqs = [engine.add_sequence() for _ in streams]
+    at = [0, 0, 0]
+    while min(at) < n_tok:
+        reqs, who = [], []
+        for i, seq in enumerate(seqs):
+            if at[i] < n_tok and torch.rand((), generator=gen) < 0.7:
+                n = min(int(torch.randint(1, 6, (), generator=gen)), n_tok - at[i])
+                reqs.append(StepRequest(seq, streams[i][at[i] : at[i] + n], all_logits=True))
+                who.append((i, at[i], n))
+                at[i] += n
+        if not reqs:
+            continue
+        for out, (i, start, n) in zip(engine.step(reqs), who, strict=True):
+            assert out.logits is not None
+            ref = refs[i][start : start + n]
+            assert float((out.logits - ref).abs().max() / ref.abs().max()) < 1e-4
