@@ -1,0 +1,61 @@
+"""Metronome: real-time interaction-model sessions over a bounded KV cache.
+
+``import metronome_sdk as metronome``; then ``async with metronome.Session() as s:``.
+This module only re-exports; everything lives in private modules.
+"""
+
+from metronome_engine import SamplingParams
+
+from ._admission import AIMDAdmitter, MemoryGuard
+from ._codec import FixedRateCodec, FrameCodec, TextTokenizer
+from ._config import AdmissionConfig, EngineConfig, TimingConfig
+from ._engine import Engine
+from ._exceptions import (
+    AdmissionRejected,
+    CacheExhausted,
+    DeadlineMissed,
+    EngineError,
+    EngineStalled,
+    LoadShed,
+    MetronomeError,
+    Overloaded,
+    SessionBroken,
+    SessionClosed,
+    SessionError,
+)
+from ._frames import InputFrame, OutputFrame
+from ._metrics import EngineMetrics
+from ._session import Session, default_engine
+from ._stats import EngineStats, SessionStats, TickReport
+
+__all__ = [
+    "AIMDAdmitter",
+    "AdmissionConfig",
+    "AdmissionRejected",
+    "CacheExhausted",
+    "DeadlineMissed",
+    "Engine",
+    "EngineConfig",
+    "EngineError",
+    "EngineMetrics",
+    "EngineStalled",
+    "EngineStats",
+    "FixedRateCodec",
+    "FrameCodec",
+    "InputFrame",
+    "LoadShed",
+    "MemoryGuard",
+    "MetronomeError",
+    "OutputFrame",
+    "Overloaded",
+    "SamplingParams",
+    "Session",
+    "SessionBroken",
+    "SessionClosed",
+    "SessionError",
+    "SessionStats",
+    "TextTokenizer",
+    "TickReport",
+    "TimingConfig",
+    "default_engine",
+]

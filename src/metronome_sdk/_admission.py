@@ -1,0 +1,146 @@
+"""Admission: AIMD on per-frame latency, under a memory guard. Pure Python, no engine.
+
+The AIMD cap finds the schedulable concurrency from latency alone; the memory guard
+caps it at what the block pool can hold if every admitted session reaches its bound.
+The clock is injected so tests drive time by hand.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterable
+
+from ._config import AdmissionConfig
+
+__all__ = ["AIMDAdmitter", "MemoryGuard"]
+
+
+def percentile(samples: Iterable[float], q: float) -> float:
+    """Nearest-rank percentile (``q`` in ``(0, 1]``) of a non-empty collection."""
+    ordered = sorted(samples)
+    if not ordered:
+        raise ValueError("percentile of no samples; measure at least one frame first")
+    rank = max(1, math.ceil(q * len(ordered)))
+    return ordered[rank - 1]
+
+
+class MemoryGuard:
+    """Admit a session only if the pool can hold every admitted session's bound.
+
+    ``session_blocks`` is one session's bounded footprint; ``None`` (the full policy)
+    means no bound exists, so the guard can only check that a block is free *now*: it
+    cannot see the growth that will fill the pool later.
+    """
+
+    __slots__ = ("pool_blocks", "session_blocks")
+
+    def __init__(self, *, pool_blocks: int, session_blocks: int | None) -> None:
+        if pool_blocks < 1:
+            raise ValueError(f"pool_blocks must be >= 1, got {pool_blocks}")
+        if session_blocks is not None and session_blocks < 1:
+            raise ValueError(f"session_blocks must be >= 1 or None (unbounded), got {session_blocks}")
+        self.pool_blocks = pool_blocks
+        self.session_blocks = session_blocks
+
+    @property
+    def limit(self) -> int | None:
+        """Most sessions whose bounds fit in the pool together (``None``: unbounded policy)."""
+        if self.session_blocks is None:
+            return None
+        return self.pool_blocks // self.session_blocks
+
+    def admits(self, admitted: int, *, free_blocks: int) -> bool:
+        if self.session_blocks is None:
+            return free_blocks > 0
+        return (admitted + 1) * self.session_blocks <= self.pool_blocks
+
+    def __repr__(self) -> str:
+        return f"MemoryGuard(pool_blocks={self.pool_blocks}, session_blocks={self.session_blocks}, limit={self.limit})"
+
+
+class AIMDAdmitter:
+    """The session cap, moved by additive increase / multiplicative decrease on latency.
+
+    Feed it every frame's latency (``observe``) and call ``update`` once a tick with the
+    sessions in flight; it decides at most once per ``config.interval`` seconds.
+    ``admits`` answers whether one more session may open now.
+    """
+
+    def __init__(
+        self,
+        config: AdmissionConfig | None = None,
+        *,
+        deadline: float,
+        guard: MemoryGuard | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if not deadline > 0:
+            raise ValueError(f"deadline must be > 0 seconds, got {deadline!r}")
+        self.config = config or AdmissionConfig()
+        self.deadline = deadline
+        self.guard = guard
+        self._clock = clock
+        self._limit = self._clamp(self.config.initial_limit)
+        self._samples: list[float] = []
+        self._peak = 0  # most sessions in flight since the last decision
+        self._rejected = 0  # opens refused since the last decision: demand the cap did not see
+        self._next_decision = clock() + self.config.interval
+
+    @property
+    def limit(self) -> int:
+        """The cap now: the AIMD cap, never above the memory guard's."""
+        return self._limit
+
+    @property
+    def threshold(self) -> float:
+        """The latency (seconds) the high percentile must stay under."""
+        return self.config.target * self.deadline
+
+    def _clamp(self, limit: int) -> int:
+        c = self.config
+        limit = max(c.min_limit, min(limit, c.max_limit))
+        guard_limit = self.guard.limit if self.guard is not None else None
+        if guard_limit is not None:
+            limit = min(limit, guard_limit)
+        return limit
+
+    def observe(self, latency: float) -> None:
+        self._samples.append(latency)
+
+    def admits(self, in_flight: int, *, free_blocks: int = 1) -> bool:
+        """Whether one more session may open with ``in_flight`` already admitted."""
+        self._peak = max(self._peak, in_flight)
+        if in_flight >= self._limit:
+            return False
+        return self.guard is None or self.guard.admits(in_flight, free_blocks=free_blocks)
+
+    def record_rejection(self) -> None:
+        self._rejected += 1
+
+    def retry_after(self) -> float:
+        """Seconds until the cap may next change (at least a tenth of an interval)."""
+        return max(self._next_decision - self._clock(), self.config.interval / 10)
+
+    def update(self, in_flight: int) -> int:
+        """Decide if a decision is due; return the cap (changed or not)."""
+        c = self.config
+        self._peak = max(self._peak, in_flight)
+        now = self._clock()
+        if now < self._next_decision or len(self._samples) < c.min_samples:
+            return self._limit  # too early, or too few frames to judge: keep the cap
+        high = percentile(self._samples, c.percentile)
+        if high > self.threshold:
+            self._limit = self._clamp(min(self._limit - 1, math.floor(self._limit * c.decrease)))
+        elif self._peak + self._rejected >= self._limit:
+            # grow only under demand: an idle cap that grew would admit a burst it never measured
+            self._limit = self._clamp(self._limit + c.increase)
+        # the next decision judges latency measured at the new cap only
+        self._samples.clear()
+        self._peak = in_flight
+        self._rejected = 0
+        self._next_decision = now + c.interval
+        return self._limit
+
+    def __repr__(self) -> str:
+        return f"AIMDAdmitter(limit={self._limit}, threshold={self.threshold:.4f}s, guard={self.guard!r})"

@@ -1,0 +1,735 @@
+"""The async engine: the tick loop (the metronome) over an ``EngineCore`` on a worker thread.
+
+Each tick gathers one frame (or one chunk of a long frame) from every session with
+pending input, runs one batched step on the worker thread (the event loop never
+blocks on torch), and delivers the outputs. All engine-core calls (opening and
+freeing sequences, steps) happen there, between steps, so they never race a step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import math
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from metronome_engine import EngineCore, PoolStats, SamplingParams, StepOutput, StepRequest
+
+from ._admission import AIMDAdmitter, MemoryGuard, percentile
+from ._codec import FixedRateCodec, FrameCodec, TextTokenizer, chat_turn
+from ._config import AdmissionConfig, EngineConfig, TimingConfig
+from ._exceptions import (
+    AdmissionRejected,
+    CacheExhausted,
+    DeadlineMissed,
+    EngineError,
+    EngineStalled,
+    SessionClosed,
+)
+from ._frames import InputFrame, OutputFrame
+from ._log import get_logger
+from ._metrics import EngineMetrics
+from ._stats import EngineStats, TickReport
+
+if TYPE_CHECKING:
+    from ._session import Session
+
+__all__ = ["Engine"]
+
+_LATENCY_WINDOW = 4096  # frames the latency percentiles in stats() look back over
+_GROWTH_WINDOW = 64  # ticks the growth rate r is measured over
+
+
+@functools.lru_cache(maxsize=4)
+def _shared_model(model: str, device: str) -> Any:
+    # weights are read-only at inference: engines of the same model share them
+    from metronome_engine.weights import load_model
+
+    return load_model(model, device=device)
+
+
+@functools.lru_cache(maxsize=4)
+def _shared_tokenizer(model: str) -> TextTokenizer:
+    from metronome_engine.tokenizer import Tokenizer
+
+    return Tokenizer(model)
+
+
+@dataclass(slots=True)
+class _Pending:
+    """An input frame waiting for the tick that appends it (maybe over several ticks)."""
+
+    frame: InputFrame
+    tokens: list[int]  # still to append
+    submitted: float
+    index: int
+
+
+@dataclass(slots=True)
+class _Entry:
+    """One session's part of one tick."""
+
+    session: Session
+    pending: _Pending
+    tokens: list[int]
+    taken: int  # of pending.tokens
+    finishes: bool  # the frame's last token is in this chunk: sample its output
+
+
+@dataclass(slots=True)
+class _WorkResult:
+    seq_ids: list[int]
+    outputs: list[StepOutput]
+    pool: PoolStats
+    step_seconds: float
+    error: BaseException | None
+
+
+class Engine:
+    """Serves sessions from one engine core on a metronome.
+
+    Give ``config`` to build the embedded engine (the model loads on a worker thread
+    when the engine starts), or ``core`` to serve an ``EngineCore`` you built (tests,
+    benchmarks); not both. ``clock`` measures per-frame latency, growth and admission
+    decisions (inject one to control time in tests); ticks themselves are paced in real
+    time, one every ``timing.period``. ``on_tick`` receives a ``TickReport`` after every tick.
+    ``silent=True`` is the legacy behaviour of serving engines, kept only so benchmarks
+    can show it: a stalled frame is answered on time with an empty frame instead of
+    ``EngineStalled``. Never use it in an application.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig | None = None,
+        *,
+        timing: TimingConfig | None = None,
+        admission: AdmissionConfig | None = None,
+        core: EngineCore | None = None,
+        tokenizer: TextTokenizer | None = None,
+        codec: FrameCodec | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        on_tick: Callable[[TickReport], None] | None = None,
+        silent: bool = False,
+    ) -> None:
+        if config is not None and core is not None:
+            raise ValueError("give config to build an engine or core to serve one you built, not both")
+        if config is not None and not isinstance(config, EngineConfig):
+            raise ValueError(f"config must be an EngineConfig, got {type(config).__name__}")
+        if codec is not None and not isinstance(codec, FrameCodec):
+            raise ValueError(f"codec must have encode(samples, sample_rate), got {codec!r}")
+        self.config = config if core is None else None
+        if self.config is None and core is None:
+            self.config = EngineConfig()
+        self.timing = timing or TimingConfig()
+        self.admission_config = admission or AdmissionConfig()
+        self.codec: FrameCodec = codec or FixedRateCodec()
+        self.silent = silent
+        self.metrics = EngineMetrics()
+        self._core = core
+        self._tokenizer = tokenizer
+        self._clock = clock
+        self._on_tick = on_tick
+        self._log = get_logger()
+        self._admitter: AIMDAdmitter | None = None
+        self._session_blocks: int | None = None
+        self._started = False
+        self._closed = False
+        self._sessions: dict[int, Session] = {}
+        self._tick_done: anyio.Event | None = None  # set when the tick in flight has been delivered
+        self._running = False
+        self._tg: anyio.abc.TaskGroup | None = None
+        self._asyncio_runner: asyncio.Task[None] | None = None
+        self._events: dict[str, anyio.Event] = {}
+        self._limiter: anyio.CapacityLimiter | None = None
+        self._start_lock: anyio.Lock | None = None
+        # counters
+        self._ticks = 0
+        self._frames = 0
+        self._misses = 0
+        self._stalls = 0
+        self._admitted = 0
+        self._rejected = 0
+        self._latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+        self._growth: deque[tuple[float, int, int]] = deque(maxlen=_GROWTH_WINDOW)  # (dt, blocks, sessions)
+        self._last_tick_time: float | None = None
+        self._next_tick = -math.inf
+        self._pool = PoolStats(num_blocks=1, used_blocks=0, block_size=1, sequences=0)
+
+    # lifecycle -----------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> Engine:
+        await self.start()
+        tg = anyio.create_task_group()
+        await tg.__aenter__()
+        self._tg = tg
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+        if self._tg is not None:
+            # exit the task group here, in the task and scope that entered it (never in aclose()),
+            # and without the body's exception, so that it propagates as itself, not in a group
+            tg, self._tg = self._tg, None
+            await tg.__aexit__(None, None, None)
+
+    async def start(self) -> None:
+        """Load the model (off the event loop) and size admission. Idempotent."""
+        if self._started:
+            return
+        if self._closed:
+            raise SessionClosed("the engine is closed; make a new Engine")
+        if self._start_lock is None:
+            self._start_lock = anyio.Lock()
+        async with self._start_lock:
+            if self._started:
+                return
+            if self._core is None or (self._tokenizer is None and self.config is not None):
+                await anyio.to_thread.run_sync(self._load)
+            self._start_now()
+
+    def _load(self) -> None:
+        cfg = self.config
+        assert cfg is not None  # a core-less engine always has a config
+        if self._core is None:
+            model = _shared_model(cfg.model, cfg.device)
+            self._core = EngineCore(model, policy=cfg.kv_policy(), block_size=cfg.block_size, **cfg.pool_size())
+        if self._tokenizer is None:
+            self._tokenizer = _shared_tokenizer(cfg.model)
+
+    def _start_now(self) -> None:
+        core = self._require_core()
+        chunk = self.timing.max_chunk_tokens
+        bound = core.session_bound_blocks(chunk=chunk)
+        pool = core.pool_stats()
+        if bound is not None and bound > pool.num_blocks:
+            raise ValueError(
+                f"max_chunk_tokens={chunk} widens a session's bound to {bound} blocks, more than the pool's "
+                f"{pool.num_blocks}; lower TimingConfig.max_chunk_tokens or grow the pool"
+            )
+        self._session_blocks = bound
+        guard = MemoryGuard(pool_blocks=pool.num_blocks, session_blocks=bound)
+        self._admitter = AIMDAdmitter(
+            self.admission_config, deadline=self.timing.frame_deadline, guard=guard, clock=self._clock
+        )
+        self._pool = pool
+        self._limiter = anyio.CapacityLimiter(1)  # one step at a time: the engine core is not thread-safe
+        self._events = {"wake": anyio.Event(), "room": anyio.Event(), "idle": anyio.Event()}
+        self._events["idle"].set()
+        self.metrics.limit.set(self._admitter.limit)
+        self._started = True
+        self._log.info("engine.started", policy=repr(core.policy), pool_blocks=pool.num_blocks, session_blocks=bound)
+
+    def _require_core(self) -> EngineCore:
+        if self._core is None:
+            raise RuntimeError("the engine has not loaded its model yet; enter it first (async with engine)")
+        return self._core
+
+    def _require_admitter(self) -> AIMDAdmitter:
+        if self._admitter is None:
+            raise RuntimeError("the engine has not started; enter it first (async with engine)")
+        return self._admitter
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
+
+    @property
+    def core(self) -> EngineCore:
+        """The engine core this engine serves (after start)."""
+        return self._require_core()
+
+    @property
+    def tokenizer(self) -> TextTokenizer | None:
+        return self._tokenizer
+
+    async def aclose(self) -> None:
+        """Close every session (later use raises ``SessionClosed``) and return all blocks."""
+        if self._closed:
+            return
+        self._closed = True
+        with anyio.CancelScope(shield=True):
+            sessions = list(self._sessions.values())
+            self._sessions.clear()
+            for s in sessions:
+                s._closed_by_engine()
+            if self._started:
+                self._set("wake")
+                self._set("room")
+                await self._events["idle"].wait()  # the tick in flight finishes and is delivered
+                for s in sessions:
+                    await self._free(s)
+                self.metrics.sessions.set(0)
+                self.metrics.occupancy.set(self._pool.occupancy)
+            self.metrics.close()
+            self._log.info("engine.closed", sessions=len(sessions))
+
+    # sessions ------------------------------------------------------------------------------------
+
+    def session(
+        self, system_prompt: str | None = None, *, sampling: SamplingParams | None = None, timeout: float | None = None
+    ) -> Session:
+        """A session on this engine, opened by ``async with`` (waits up to ``timeout`` for room)."""
+        from ._session import Session
+
+        return Session(system_prompt, engine=self, sampling=sampling, timeout=timeout)
+
+    def try_session(self, system_prompt: str | None = None, *, sampling: SamplingParams | None = None) -> Session:
+        """Open a session now or raise ``AdmissionRejected`` at once: the nowait twin of ``session()``."""
+        return self.session(system_prompt, sampling=sampling).open_nowait()
+
+    async def _open(self, session: Session, timeout: float | None) -> None:
+        await self.start()
+        wait = self.admission_config.queue_timeout if timeout is None else timeout
+        if wait < 0 or not math.isfinite(wait):
+            raise ValueError(f"timeout must be a finite number >= 0 (seconds), got {timeout!r}")
+        give_up = anyio.current_time() + wait  # waiting is real time, whatever clock measures latency
+        while not self._try_admit(session):
+            remaining = give_up - anyio.current_time()
+            if remaining <= 0:
+                raise self._reject(session)
+            room = self._event("room")
+            with anyio.move_on_after(remaining):
+                await room.wait()
+
+    def _open_nowait(self, session: Session) -> None:
+        if not self._started:
+            if self._core is None or (self._tokenizer is None and self.config is not None):
+                raise RuntimeError("the engine has not loaded its model yet; enter it first (async with engine)")
+            self._start_now()
+        if not self._try_admit(session):
+            raise self._reject(session)
+
+    def _try_admit(self, session: Session) -> bool:
+        if self._closed:
+            raise SessionClosed("the engine is closed; no session can open on it", session_id=session.id)
+        admitter = self._require_admitter()
+        if not admitter.admits(len(self._sessions), free_blocks=self._pool.num_blocks - self._pool.used_blocks):
+            return False
+        session._attach(self, self._encode_system(session))
+        self._sessions[session.id] = session
+        self._admitted += 1
+        self.metrics.admitted.inc()
+        self.metrics.sessions.set(len(self._sessions))
+        session._log.info("admission.admitted", in_flight=len(self._sessions), limit=admitter.limit)
+        return True
+
+    def _reject(self, session: Session) -> AdmissionRejected:
+        admitter = self._require_admitter()
+        admitter.record_rejection()
+        self._rejected += 1
+        self.metrics.rejected.inc()
+        limit, in_flight, retry_after = admitter.limit, len(self._sessions), admitter.retry_after()
+        self._log.warning(
+            "admission.rejected", session_id=session.id, limit=limit, in_flight=in_flight, retry_after=retry_after
+        )
+        return AdmissionRejected(
+            f"the engine is at its session cap ({in_flight} of {limit} open); retry after {retry_after:.2f} s",
+            retry_after=retry_after,
+            limit=limit,
+            in_flight=in_flight,
+        )
+
+    async def _close_session(self, session: Session) -> None:
+        """Forget ``session`` and return its blocks to the pool before returning."""
+        if self._sessions.pop(session.id, None) is None:
+            return  # never admitted, or the engine closed it and freed its blocks
+        self.metrics.sessions.set(len(self._sessions))
+        self._set("room")
+        self._wake()  # the tick loop rests when the last session has gone
+        await self._free(session)
+
+    async def _free(self, session: Session) -> None:
+        # a tick in flight may be opening this session's sequence: let it finish first
+        while session._in_tick and self._tick_done is not None:
+            await self._tick_done.wait()
+        seq_id, session._seq_id = session._seq_id, None
+        if seq_id is None:
+            return
+        core = self._require_core()
+        # through the step limiter: never while a step runs on the worker
+        self._pool = await anyio.to_thread.run_sync(self._free_sequence, core, seq_id, limiter=self._limiter)
+        self.metrics.occupancy.set(self._pool.occupancy)
+
+    @staticmethod
+    def _free_sequence(core: EngineCore, seq_id: int) -> PoolStats:
+        core.free_sequence(seq_id)
+        return core.pool_stats()
+
+    # input ---------------------------------------------------------------------------------------
+
+    def _encode_system(self, session: Session) -> list[int]:
+        prompt = session._system_prompt
+        if prompt is None:
+            return []
+        tok = self._require_tokenizer("a system prompt")
+        session._rendered = True
+        return chat_turn(tok, "system", prompt, first=True, generation_prompt=False)
+
+    def _require_tokenizer(self, what: str) -> TextTokenizer:
+        if self._tokenizer is None:
+            raise ValueError(f"{what} needs a tokenizer; pass tokenizer= to Engine, or send token or audio frames")
+        return self._tokenizer
+
+    def _encode(self, session: Session, frame: InputFrame) -> list[int]:
+        """The tokens ``frame`` appends. Checked here so one bad frame cannot break a shared step."""
+        if frame.text:
+            tok = self._require_tokenizer("a text frame")
+            ids = chat_turn(tok, "user", frame.text, first=not session._rendered, generation_prompt=True)
+            session._rendered = True
+            source = "the tokenizer"
+        elif frame.audio is not None:
+            assert frame.sample_rate is not None
+            ids = list(self.codec.encode(frame.samples_float32(), frame.sample_rate))
+            source = f"the codec {self.codec!r}"
+        elif frame.tokens is not None:
+            ids = list(frame.tokens)
+            source = "the frame"
+        else:
+            ids = []
+            source = "the frame"
+        vocab = self._require_core().config.vocab_size
+        for t in ids:
+            if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
+                raise ValueError(f"{source} produced token {t!r}, outside the model's vocabulary [0, {vocab})")
+        return ids
+
+    def _submit(self, session: Session, frame: InputFrame) -> None:
+        tokens = self._encode(session, frame)
+        if session._prefix:
+            tokens = session._prefix + tokens
+            session._prefix = []
+        if not tokens and session._frames_sent == 0:
+            raise ValueError(
+                "the first frame of a session must carry input (text, audio or tokens) or follow a system prompt"
+            )
+        session._queue.append(_Pending(frame, tokens, self._clock(), session._frames_sent))
+        session._frames_sent += 1
+        self._wake()
+        self._ensure_runner()
+
+    # the tick loop -------------------------------------------------------------------------------
+
+    def _event(self, name: str) -> anyio.Event:
+        """The current event ``name``, renewed once it has fired (anyio events cannot be cleared)."""
+        ev = self._events[name]
+        if ev.is_set():
+            ev = self._events[name] = anyio.Event()
+        return ev
+
+    def _set(self, name: str) -> None:
+        self._events[name].set()
+
+    def _wake(self) -> None:
+        self._set("wake")
+
+    def _has_work(self) -> bool:
+        return any(s._queue for s in self._sessions.values())
+
+    def _ensure_runner(self) -> None:
+        """Start the tick loop if it is not running: it runs while there is work or sessions."""
+        if self._running or self._closed:
+            return
+        self._running = True
+        self._event("idle")  # not idle from here on
+        if self._tg is not None:
+            self._tg.start_soon(self._tick_loop)
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            self._running = False
+            raise RuntimeError("an engine not entered with `async with` runs only under asyncio") from None
+        self._asyncio_runner = loop.create_task(self._tick_loop())
+
+    async def _tick_loop(self) -> None:
+        try:
+            while not self._closed:
+                if not self._has_work():
+                    if not self._sessions:
+                        break  # idle: the next session starts the loop again
+                    wake = self._event("wake")
+                    if not self._has_work():
+                        await wake.wait()
+                    continue
+                frames_due = any(s._queue for s in self._sessions.values())
+                delay = self._next_tick - anyio.current_time()
+                if frames_due and delay > 0:
+                    await anyio.sleep(delay)  # the metronome: at most one tick per period
+                    continue
+                with anyio.CancelScope(shield=True):
+                    await self._tick()
+        finally:
+            self._running = False
+            self._asyncio_runner = None
+            self._set("idle")
+
+    def _gather(self) -> list[_Entry]:
+        budget = self.timing.max_chunk_tokens
+        entries = []
+        for s in self._sessions.values():
+            if not s._queue:
+                continue
+            pending = s._queue[0]
+            head = [s._feedback] if s._feedback is not None else []
+            take = pending.tokens[: budget - len(head)]
+            tokens = head + take
+            finishes = len(take) == len(pending.tokens)
+            if not tokens:
+                s._queue.popleft()
+                s._deliver(ValueError("nothing to decode from: the session has appended nothing yet; send input"))
+                continue
+            entries.append(_Entry(s, pending, tokens, len(take), finishes))
+        return entries
+
+    def _work(self, entries: list[tuple[int | None, SamplingParams | None, list[int], bool]]) -> _WorkResult:
+        """On the worker thread: open the sequences of new sessions, run one batched step."""
+        core = self._require_core()
+        seq_ids = [sid if sid is not None else core.add_sequence(sampling=sampling) for sid, sampling, _, _ in entries]
+        requests = [
+            StepRequest(sid, toks, sample=finish) for sid, (_, _, toks, finish) in zip(seq_ids, entries, strict=True)
+        ]
+        t0 = time.perf_counter()
+        try:
+            outputs = core.step(requests)
+            error = None
+        except Exception as exc:  # a bug in the step: every session of the tick hears of it
+            outputs, error = [], exc
+        return _WorkResult(seq_ids, outputs, core.pool_stats(), time.perf_counter() - t0, error)
+
+    async def _tick(self) -> None:
+        entries = self._gather()
+        if not entries:
+            return
+        start, period = anyio.current_time(), self.timing.period
+        # keep the metronome's phase unless a whole period was lost (idle, or a slow step)
+        base = self._next_tick if start - self._next_tick < period else start
+        self._next_tick = base + period
+        for e in entries:
+            e.session._in_tick = True
+        self._tick_done = done_event = anyio.Event()
+        try:
+            work = [(e.session._seq_id, e.session._sampling, e.tokens, e.finishes) for e in entries]
+            result = await anyio.to_thread.run_sync(self._work, work, limiter=self._limiter)
+            self._pool = result.pool
+            self.metrics.occupancy.set(result.pool.occupancy)
+            self._finish(entries, result, self._clock())
+        finally:
+            for e in entries:
+                e.session._in_tick = False
+            done_event.set()
+
+    def _finish(self, entries: list[_Entry], result: _WorkResult, done: float) -> None:
+        tick = self._ticks
+        self._ticks += 1
+        latencies: list[float] = []
+        stalled: list[int] = []
+        growth = 0
+        for i, e in enumerate(entries):
+            s = e.session
+            s._seq_id = result.seq_ids[i]
+            if s._closed:
+                continue  # closed while its step ran: its closer frees the sequence
+            if result.error is not None:
+                s._queue.popleft()
+                err = EngineError(f"the engine step failed: {result.error!r}", session_id=s.id)
+                err.__cause__ = result.error
+                s._deliver(err)
+                continue
+            out = result.outputs[i]
+            if out.stall is not None:
+                stalled.append(s.id)
+                latency = self._stall(s, e, out, tick, done)
+                if latency is not None:
+                    latencies.append(latency)
+                continue
+            growth += out.num_blocks - s._num_blocks
+            s._num_tokens, s._num_blocks = out.num_tokens, out.num_blocks
+            s._feedback = None
+            del e.pending.tokens[: e.taken]
+            if e.finishes:
+                s._queue.popleft()
+                assert out.token is not None
+                s._feedback = out.token
+                latencies.append(self._answer(s, e.pending, (out.token,), tick, done))
+        self._account(tick, done, entries, stalled, latencies, growth, result.step_seconds)
+
+    def _answer(self, s: Session, pending: _Pending, tokens: tuple[int, ...], tick: int, done: float) -> float:
+        latency = done - pending.submitted
+        deadline = self.timing.frame_deadline
+        missed = latency > deadline
+        tok = self._tokenizer
+        text = tok.decode(list(tokens)) if tok is not None and tokens else ""
+        stop = tok is not None and any(t in tok.stop_ids for t in tokens)
+        out = OutputFrame(
+            session_id=s.id,
+            index=pending.index,
+            tick=tick,
+            tokens=tokens,
+            text=text,
+            latency=latency,
+            deadline_missed=missed,
+            stop=stop,
+        )
+        s._frames_out += 1
+        self._frames += 1
+        self.metrics.frames.inc()
+        self.metrics.frame_latency.observe(latency)
+        self._latencies.append(latency)
+        self._require_admitter().observe(latency)
+        if missed:
+            s._misses += 1
+            self._misses += 1
+            self.metrics.deadline_misses.inc()
+        if missed and self.timing.strict:
+            s._deliver(
+                DeadlineMissed(
+                    f"frame {pending.index} of session {s.id} took {latency * 1e3:.1f} ms, "
+                    f"past its {deadline * 1e3:.1f} ms deadline",
+                    session_id=s.id,
+                    latency=latency,
+                    deadline=deadline,
+                    output=out,
+                )
+            )
+        else:
+            s._deliver(out)
+        return latency
+
+    def _stall(self, s: Session, e: _Entry, out: StepOutput, tick: int, done: float) -> float | None:
+        """The pool could not take this chunk: nothing was appended. Tell the session, never go silent."""
+        s._queue.popleft()  # the frame is handed back in the error; the session may send it again
+        s._stalls += 1
+        self._stalls += 1
+        self.metrics.stalls.inc()
+        core = self._require_core()
+        block_size, pool_blocks = core.pool.block_size, core.pool.num_blocks
+        needed = math.ceil((out.num_tokens + len(e.tokens)) / block_size)
+        reason = out.stall.value if out.stall is not None else "unknown"
+        exhausted = self._session_blocks is None and needed > pool_blocks
+        s._log.warning(
+            "session.stalled",
+            reason=reason,
+            tick=tick,
+            frame=e.pending.index,
+            num_tokens=out.num_tokens,
+            used_blocks=self._pool.used_blocks,
+            pool_blocks=pool_blocks,
+            cache_exhausted=exhausted,
+        )
+        if self.silent:  # the legacy cliff: an empty frame, on time, that looks healthy
+            return self._answer(s, e.pending, (), tick, done)
+        if exhausted:
+            s._deliver(
+                CacheExhausted(
+                    f"session {s.id} needs {needed} blocks for {out.num_tokens + len(e.tokens)} tokens, more than "
+                    f"the pool's {pool_blocks}; grow the pool or use kv='window' to bound each session",
+                    session_id=s.id,
+                    needed_blocks=needed,
+                    pool_blocks=pool_blocks,
+                )
+            )
+        else:
+            s._deliver(
+                EngineStalled(
+                    f"frame {e.pending.index} of session {s.id} was not served: the KV pool is full "
+                    f"({self._pool.used_blocks} of {pool_blocks} blocks); close sessions or use kv='window'",
+                    session_id=s.id,
+                    reason=reason,
+                    frame=e.pending.frame,
+                )
+            )
+        return None
+
+    def _account(
+        self,
+        tick: int,
+        done: float,
+        entries: Sequence[_Entry],
+        stalled: list[int],
+        latencies: list[float],
+        growth: int,
+        step_seconds: float,
+    ) -> None:
+        if self._last_tick_time is not None:
+            self._growth.append((done - self._last_tick_time, growth, len(self._sessions)))
+        self._last_tick_time = done
+        admitter = self._require_admitter()
+        before = admitter.limit
+        limit = admitter.update(len(self._sessions))
+        if limit != before:
+            self._log.info("admission.limit_changed", old=before, new=limit, in_flight=len(self._sessions))
+            if limit > before:
+                self._set("room")
+        self.metrics.limit.set(limit)
+        self.metrics.occupancy.set(self._pool.occupancy)
+        t_sat = self._t_sat()
+        self.metrics.t_sat.set(math.inf if t_sat is None else t_sat)
+        if self._on_tick is not None:
+            report = TickReport(
+                tick=tick,
+                time=done,
+                sessions=len(self._sessions),
+                served=len(entries) - len(stalled),
+                stalled=tuple(stalled),
+                latencies=tuple(latencies),
+                step_seconds=step_seconds,
+                used_blocks=self._pool.used_blocks,
+                pool_blocks=self._pool.num_blocks,
+            )
+            try:
+                self._on_tick(report)
+            except Exception:  # an observer must not stop the metronome
+                self._log.exception("engine.on_tick_failed", tick=tick)
+
+    # observability -------------------------------------------------------------------------------
+
+    def _growth_rate(self) -> float:
+        session_seconds = sum(dt * n for dt, _, n in self._growth)
+        if session_seconds <= 0:
+            return 0.0
+        return max(0.0, sum(g for _, g, _ in self._growth) / session_seconds)
+
+    def _t_sat(self) -> float | None:
+        r, n = self._growth_rate(), len(self._sessions)
+        if r <= 0 or n == 0:
+            return None
+        return max(0.0, (1.0 - self._pool.occupancy) / (n * r))
+
+    def stats(self) -> EngineStats:
+        admitter = self._admitter
+        lat = list(self._latencies)
+        guard_limit = admitter.guard.limit if admitter is not None and admitter.guard is not None else None
+        return EngineStats(
+            sessions=len(self._sessions),
+            limit=admitter.limit if admitter is not None else self.admission_config.initial_limit,
+            memory_limit=guard_limit,
+            admitted=self._admitted,
+            rejected=self._rejected,
+            pool_blocks=self._pool.num_blocks if self._started else 0,
+            used_blocks=self._pool.used_blocks,
+            occupancy=self._pool.occupancy if self._started else 0.0,
+            ticks=self._ticks,
+            frames=self._frames,
+            latency_p50=percentile(lat, 0.5) if lat else None,
+            latency_p95=percentile(lat, 0.95) if lat else None,
+            latency_p99=percentile(lat, 0.99) if lat else None,
+            deadline=self.timing.frame_deadline,
+            deadline_misses=self._misses,
+            stalls=self._stalls,
+            growth_rate=self._growth_rate(),
+            t_sat=self._t_sat(),
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._closed else ("started" if self._started else "new")
+        policy = repr(self._core.policy) if self._core is not None else repr(self.config)
+        return f"Engine({policy}, sessions={len(self._sessions)}, {state})"

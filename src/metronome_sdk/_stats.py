@@ -1,0 +1,63 @@
+"""Snapshots an engine and its sessions report: plain frozen values."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["EngineStats", "SessionStats", "TickReport"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EngineStats:
+    """The engine at one moment.
+
+    Latencies are seconds over the most recent frames (``None`` before the first).
+    ``growth_rate`` is ``r``, KV blocks per second per session, measured over the last
+    ticks; ``t_sat = (1 - rho0) / (N * r)`` is the first-order prediction of when the
+    pool fills (``None`` when it is not growing).
+    """
+
+    sessions: int
+    limit: int
+    memory_limit: int | None
+    admitted: int
+    rejected: int
+    pool_blocks: int
+    used_blocks: int
+    occupancy: float
+    ticks: int
+    frames: int
+    latency_p50: float | None
+    latency_p95: float | None
+    latency_p99: float | None
+    deadline: float
+    deadline_misses: int
+    stalls: int
+    growth_rate: float
+    t_sat: float | None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SessionStats:
+    session_id: int
+    open: bool
+    frames: int
+    deadline_misses: int
+    stalls: int
+    num_tokens: int
+    num_blocks: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TickReport:
+    """What one tick did: handed to ``Engine(on_tick=...)`` after every tick (for benchmarks)."""
+
+    tick: int
+    time: float  # clock time the output was ready
+    sessions: int
+    served: int  # sessions whose tokens the step appended
+    stalled: tuple[int, ...]  # ids of sessions the pool could not serve
+    latencies: tuple[float, ...]  # per-frame latency of every frame answered this tick
+    step_seconds: float
+    used_blocks: int
+    pool_blocks: int
