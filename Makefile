@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-slow demo bench lint typecheck docs clean
+.PHONY: venv test test-slow demo espeak bench lint typecheck docs clean
 
 venv: $(STAMP)
 
@@ -36,7 +36,13 @@ test: $(STAMP) lint typecheck docs
 test-slow: $(STAMP)
 	$(VENV)/bin/pytest -m "slow"
 
-demo: $(STAMP)
+# speech out for the demo's voice is Debian's espeak-ng: installed here when missing
+espeak:
+	@command -v espeak-ng >/dev/null || { \
+	  if [ "$$(id -u)" = 0 ]; then apt-get update -qq && apt-get install -y -qq espeak-ng; \
+	  else echo "the demo voice needs espeak-ng: sudo apt-get install espeak-ng" >&2; exit 1; fi; }
+
+demo: $(STAMP) espeak
 	$(VENV)/bin/metronome demo
 
 bench: $(STAMP)

@@ -2,7 +2,12 @@ from __future__ import annotations
 
 import os
 
+import hypothesis.internal.observability  # noqa: F401
 import pytest
+
+# hypothesis' pytest plugin imports this lazily at the very end of a run; compiling it then, with
+# aiortc and engine threads still alive, crashed CPython 3.11.7 ("AST constructor recursion depth
+# mismatch") after every test had passed, so import it up front.
 
 # keep tests independent of the user's cache unless told otherwise
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -2,7 +2,10 @@
 
 A step never raises because the pool is full: a session that cannot get blocks for
 its new tokens is reported as stalled (``StepOutput.stall``), its tokens are not
-appended, and the other sessions of the step proceed.
+appended, and the other sessions of the step proceed. A session whose logits come out
+non-finite (its own state is corrupt) is reported the same way, as a value
+(``Stall.NUMERIC_FAULT``), and dropped: its blocks are scrubbed and freed. A step that
+raises changes nothing: reservations are rolled back and no session is committed.
 """
 
 from __future__ import annotations
@@ -32,6 +35,8 @@ class Stall(enum.Enum):
     """Why a session got no output from a step."""
 
     POOL_EXHAUSTED = "pool_exhausted"
+    # non-finite logits in the session's rows: its KV is corrupt, so the engine dropped it
+    NUMERIC_FAULT = "numeric_fault"
 
 
 @dataclass(frozen=True, slots=True)
@@ -229,17 +234,48 @@ class EngineCore:
             row += n_rows
         last_rows = torch.tensor([end - 1 for _, end in spans], device=logits.device)
         greedy = logits.index_select(0, last_rows).argmax(dim=-1).tolist()  # one call for the batch
+        # one check for the batch: which rows hold a NaN or an inf
+        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        results: list[tuple[SeqChunk, StepRequest, int | None, Tensor | None]] = []
+        faulty: list[SeqChunk] = []
         for i, (ch, req) in enumerate(zip(chunks, served, strict=True)):
             start, end = spans[i]
+            if not all(finite[start:end]):
+                faulty.append(ch)
+                continue
             seq = self._seqs[req.seq_id]
             token: int | None = None
             if req.sample:
                 token = int(greedy[i]) if seq.sampling.greedy else sample(logits[end - 1], seq.sampling, seq.generator)
             out_logits = logits[start:end] if req.all_logits else (logits[end - 1] if req.return_logits else None)
+            results.append((ch, req, token, out_logits))
+        # commit only once nothing more can raise: a step that fails leaves every session as it was
+        for ch, req, token, out_logits in results:
             ch.seq.commit(ch.n_new)
             outputs[req.seq_id] = StepOutput(
                 req.seq_id, token=token, logits=out_logits, num_tokens=ch.seq.num_tokens, num_blocks=ch.seq.num_blocks
             )
+        for ch in faulty:
+            outputs[ch.seq.seq_id] = StepOutput(
+                ch.seq.seq_id, stall=Stall.NUMERIC_FAULT, num_tokens=ch.seq.num_tokens, num_blocks=0
+            )
+            self._drop_faulty(ch.seq)
+        if faulty:
+            # a fresh view: the old one holds the dropped rows' non-finite K/V, which other rows
+            # would later see in masked columns (0 * NaN is NaN)
+            self.view = BatchView()
+
+    def _drop_faulty(self, seq: SequenceKV) -> None:
+        """Scrub a corrupt session's blocks (a block reused with NaN in it poisons its next owner) and free them."""
+        bs = self.pool.block_size
+        slots = torch.tensor(
+            [pb * bs + j for _, pb in seq.resident_blocks() for j in range(bs)], dtype=torch.int64, device=self.device
+        )
+        if slots.numel():
+            self.cache.k.index_fill_(2, slots, 0.0)
+            self.cache.v.index_fill_(2, slots, 0.0)
+        seq.release()
+        del self._seqs[seq.seq_id]
 
     def _validate(self, requests: Sequence[StepRequest]) -> None:
         """Reject the whole step before anything changes: nothing is half-applied."""

@@ -18,16 +18,25 @@ class SamplingParams:
     seed: int | None = None
 
     def __post_init__(self) -> None:
-        if not (self.temperature >= 0.0) or self.temperature > 100.0:
+        # type checks first: a str or None must fail here with the field's name, not as a TypeError mid-step
+        if not _number(self.temperature) or not 0.0 <= self.temperature <= 100.0:
             raise ValueError(f"temperature must be in [0, 100], got {self.temperature!r}; use 0 for greedy")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0, got {self.top_k!r}; 0 disables it")
-        if not (0.0 < self.top_p <= 1.0):
+        if isinstance(self.top_k, bool) or not isinstance(self.top_k, int) or self.top_k < 0:
+            raise ValueError(f"top_k must be an int >= 0, got {self.top_k!r}; 0 disables it")
+        if not _number(self.top_p) or not 0.0 < self.top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p!r}; 1.0 disables it")
+        if self.seed is not None and (
+            isinstance(self.seed, bool) or not isinstance(self.seed, int) or not 0 <= self.seed < 2**63
+        ):
+            raise ValueError(f"seed must be None or an int in [0, 2**63), got {self.seed!r}")
 
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+def _number(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def sample(logits: Tensor, params: SamplingParams, generator: torch.Generator | None) -> int:

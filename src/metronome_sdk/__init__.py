@@ -8,7 +8,7 @@ from metronome_engine import SamplingParams
 
 from ._admission import AIMDAdmitter, MemoryGuard
 from ._codec import FixedRateCodec, FrameCodec, TextTokenizer
-from ._config import AdmissionConfig, EngineConfig, TimingConfig
+from ._config import AdmissionConfig, EngineConfig, ReliabilityConfig, TimingConfig
 from ._engine import Engine
 from ._exceptions import (
     AdmissionRejected,
@@ -48,6 +48,7 @@ __all__ = [
     "MetronomeError",
     "OutputFrame",
     "Overloaded",
+    "ReliabilityConfig",
     "SamplingParams",
     "Session",
     "SessionBroken",

@@ -12,7 +12,7 @@ from typing import Literal
 
 from metronome_engine import KVPolicy
 
-__all__ = ["AdmissionConfig", "EngineConfig", "TimingConfig"]
+__all__ = ["AdmissionConfig", "EngineConfig", "ReliabilityConfig", "TimingConfig"]
 
 DEFAULT_MEMORY_BYTES = 256 << 20
 
@@ -25,6 +25,20 @@ def _positive_int(name: str, value: object, hint: str) -> None:
 def _positive_float(name: str, value: object, hint: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value <= 0:
         raise ValueError(f"{name} must be a finite number > 0, got {value!r}; {hint}")
+
+
+def _int_at_least(name: str, value: object, low: int, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}; {hint}")
+
+
+def _in_unit(name: str, value: object, hint: str, *, open_high: bool = False) -> None:
+    """``value`` in ``(0, 1]`` (or ``(0, 1)`` with ``open_high``); NaN and non-numbers fail."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if number and (0 < value < 1 or (value == 1 and not open_high)):  # type: ignore[operator]
+        return
+    bounds = "(0, 1)" if open_high else "(0, 1]"
+    raise ValueError(f"{name} must be in {bounds}, got {value!r}; {hint}")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,8 +66,7 @@ class EngineConfig:
         if self.kv not in ("window", "full"):
             raise ValueError(f"kv must be 'window' or 'full', got {self.kv!r}; 'window' bounds each session")
         _positive_int("window", self.window, "try window=256")
-        if isinstance(self.sinks, bool) or not isinstance(self.sinks, int) or self.sinks < 0:
-            raise ValueError(f"sinks must be an int >= 0, got {self.sinks!r}; 4 sinks is the usual choice")
+        _int_at_least("sinks", self.sinks, 0, "4 sinks is the usual choice")
         if self.num_blocks is not None and self.memory_bytes is not None:
             raise ValueError("give num_blocks or memory_bytes to size the block pool, not both")
         if self.num_blocks is not None:
@@ -144,16 +157,9 @@ class AdmissionConfig:
                 f"max_limit={self.max_limit}]; move initial_limit inside the range"
             )
         _positive_int("increase", self.increase, "add one session per decision (increase=1)")
-        if isinstance(self.decrease, bool) or not isinstance(self.decrease, int | float) or not 0 < self.decrease < 1:
-            raise ValueError(f"decrease must be in (0, 1), got {self.decrease!r}; try 0.9 (TCP uses 0.5)")
-        if isinstance(self.target, bool) or not isinstance(self.target, int | float) or not 0 < self.target <= 1:
-            raise ValueError(f"target must be in (0, 1] (a fraction of the deadline), got {self.target!r}; try 0.8")
-        if (
-            isinstance(self.percentile, bool)
-            or not isinstance(self.percentile, int | float)
-            or not 0 < self.percentile <= 1
-        ):
-            raise ValueError(f"percentile must be in (0, 1], got {self.percentile!r}; try 0.95")
+        _in_unit("decrease", self.decrease, "try 0.9 (TCP uses 0.5)", open_high=True)
+        _in_unit("target", self.target, "it is a fraction of the deadline; try 0.8")
+        _in_unit("percentile", self.percentile, "try 0.95")
         _positive_float("interval", self.interval, "try interval=1.0 (seconds between decisions)")
         _positive_int("min_samples", self.min_samples, "try min_samples=16")
         if (
@@ -163,3 +169,50 @@ class AdmissionConfig:
             or self.queue_timeout < 0
         ):
             raise ValueError(f"queue_timeout must be a finite number >= 0, got {self.queue_timeout!r}; try 1.0")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReliabilityConfig:
+    """What the engine does when a consumer, a step or the engine itself misbehaves.
+
+    Slow consumers: a session holds at most ``output_queue`` unread outputs. When one
+    more is ready, ``slow_consumer="shed"`` (the default) drops the session with
+    ``LoadShed`` (its outputs so far stay readable; its blocks and its admission slot go
+    to sessions that read), and ``"drop_oldest"`` discards the oldest unread output
+    (counted in stats; ``OutputFrame.index`` shows the gap), for consumers that want only
+    the latest. The default, 64 frames, is about 5 s of 80 ms frames.
+
+    Failed steps: a step that raises changed nothing, so it is retried at once, up to
+    ``step_retries`` times; if every try fails, each session of the tick gets
+    ``EngineStalled(reason="step_failed")`` with its frame handed back.
+
+    Stuck steps: the watchdog declares a step stuck when it has run ``watchdog`` x the
+    frame deadline; every frame waiting on it gets ``EngineStalled(reason="step_stuck")``
+    at once. Each further ``watchdog`` x deadline it stays stuck counts as one more
+    failed tick.
+
+    ``max_failed_ticks`` failed ticks in a row (failed steps or stuck periods) shut the
+    engine down: every session ends with ``EngineStalled(reason="engine_failed")``.
+    """
+
+    output_queue: int = 64
+    slow_consumer: Literal["shed", "drop_oldest"] = "shed"
+    step_retries: int = 1
+    watchdog: float = 4.0
+    max_failed_ticks: int = 3
+
+    def __post_init__(self) -> None:
+        _positive_int("output_queue", self.output_queue, "try output_queue=64 (about 5 s of 80 ms frames)")
+        if self.slow_consumer not in ("shed", "drop_oldest"):
+            raise ValueError(
+                f"slow_consumer must be 'shed' or 'drop_oldest', got {self.slow_consumer!r}; "
+                "'shed' ends a session that stops reading, 'drop_oldest' keeps only its latest outputs"
+            )
+        _int_at_least("step_retries", self.step_retries, 0, "try step_retries=1 (0 fails a tick at its first error)")
+        _positive_float("watchdog", self.watchdog, "a multiple of the frame deadline; try watchdog=4.0")
+        if self.watchdog < 1:
+            raise ValueError(
+                f"watchdog must be >= 1 (a multiple of the frame deadline), got {self.watchdog!r}; "
+                "a step is not stuck before its frame is late; try watchdog=4.0"
+            )
+        _positive_int("max_failed_ticks", self.max_failed_ticks, "try max_failed_ticks=3")

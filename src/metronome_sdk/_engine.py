@@ -1,9 +1,15 @@
 """The async engine: the tick loop (the metronome) over an ``EngineCore`` on a worker thread.
 
 Each tick gathers one frame (or one chunk of a long frame) from every session with
-pending input, runs one batched step on the worker thread (the event loop never
-blocks on torch), and delivers the outputs. All engine-core calls (opening and
-freeing sequences, steps) happen there, between steps, so they never race a step.
+pending input, runs one batched step on the engine's core thread (the event loop never
+blocks on torch), and delivers the outputs. All engine-core calls (loading, opening and
+freeing sequences, steps) run on that one thread, in order, so they never race a step.
+
+Faults (docs/reliability.md): a step that raises is retried, then its frames fail with
+``EngineStalled``; a watchdog answers the frames of a stuck step at once; a session
+whose logits come out non-finite is dropped with ``SessionBroken``; a session that
+leaves its outputs unread is shed with ``LoadShed`` (or loses its oldest outputs);
+``max_failed_ticks`` failed ticks in a row shut the engine down.
 """
 
 from __future__ import annotations
@@ -20,23 +26,27 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from metronome_engine import EngineCore, PoolStats, SamplingParams, StepOutput, StepRequest
+from metronome_engine import EngineCore, PoolStats, SamplingParams, Stall, StepOutput, StepRequest
 
 from ._admission import AIMDAdmitter, MemoryGuard, percentile
 from ._codec import FixedRateCodec, FrameCodec, TextTokenizer, chat_turn
-from ._config import AdmissionConfig, EngineConfig, TimingConfig
+from ._config import AdmissionConfig, EngineConfig, ReliabilityConfig, TimingConfig
 from ._exceptions import (
     AdmissionRejected,
     CacheExhausted,
     DeadlineMissed,
-    EngineError,
     EngineStalled,
+    LoadShed,
+    MetronomeError,
+    SessionBroken,
     SessionClosed,
 )
 from ._frames import InputFrame, OutputFrame
 from ._log import get_logger
 from ._metrics import EngineMetrics
 from ._stats import EngineStats, TickReport
+from ._watchdog import watch
+from ._worker import CoreAbandoned, CoreThread
 
 if TYPE_CHECKING:
     from ._session import Session
@@ -81,6 +91,7 @@ class _Entry:
     tokens: list[int]
     taken: int  # of pending.tokens
     finishes: bool  # the frame's last token is in this chunk: sample its output
+    answered: bool = False  # the watchdog already answered this frame (a stuck step)
 
 
 @dataclass(slots=True)
@@ -90,6 +101,8 @@ class _WorkResult:
     pool: PoolStats
     step_seconds: float
     error: BaseException | None
+    failures: int  # attempts that raised (retried ones included)
+    raised: BaseException | None  # the last exception a try raised, even if a retry then succeeded
 
 
 class Engine:
@@ -100,6 +113,8 @@ class Engine:
     benchmarks); not both. ``clock`` measures per-frame latency, growth and admission
     decisions (inject one to control time in tests); ticks themselves are paced in real
     time, one every ``timing.period``. ``on_tick`` receives a ``TickReport`` after every tick.
+    ``reliability`` sets the slow-consumer policy, step retries, the watchdog and when
+    repeated failures shut the engine down (``ReliabilityConfig``).
     ``silent=True`` is the legacy behaviour of serving engines, kept only so benchmarks
     can show it: a stalled frame is answered on time with an empty frame instead of
     ``EngineStalled``. Never use it in an application.
@@ -117,6 +132,7 @@ class Engine:
         clock: Callable[[], float] = time.monotonic,
         on_tick: Callable[[TickReport], None] | None = None,
         silent: bool = False,
+        reliability: ReliabilityConfig | None = None,
     ) -> None:
         if config is not None and core is not None:
             raise ValueError("give config to build an engine or core to serve one you built, not both")
@@ -129,6 +145,9 @@ class Engine:
             self.config = EngineConfig()
         self.timing = timing or TimingConfig()
         self.admission_config = admission or AdmissionConfig()
+        if reliability is not None and not isinstance(reliability, ReliabilityConfig):
+            raise ValueError(f"reliability must be a ReliabilityConfig, got {type(reliability).__name__}")
+        self.reliability = reliability or ReliabilityConfig()
         self.codec: FrameCodec = codec or FixedRateCodec()
         self.silent = silent
         self.metrics = EngineMetrics()
@@ -147,7 +166,7 @@ class Engine:
         self._tg: anyio.abc.TaskGroup | None = None
         self._asyncio_runner: asyncio.Task[None] | None = None
         self._events: dict[str, anyio.Event] = {}
-        self._limiter: anyio.CapacityLimiter | None = None
+        self._worker = CoreThread()
         self._start_lock: anyio.Lock | None = None
         # counters
         self._ticks = 0
@@ -156,6 +175,16 @@ class Engine:
         self._stalls = 0
         self._admitted = 0
         self._rejected = 0
+        self._step_failures = 0
+        self._failed_ticks = 0
+        self._failed_in_row = 0
+        self._stuck_steps = 0
+        self._broken = 0
+        self._shed = 0
+        self._dropped = 0
+        self._failure: EngineStalled | None = None  # why the engine shut itself down
+        self._last_error: BaseException | None = None
+        self._to_free: list[Session] = []  # sessions the engine ended in a tick: freed after it
         self._latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
         self._growth: deque[tuple[float, int, int]] = deque(maxlen=_GROWTH_WINDOW)  # (dt, blocks, sessions)
         self._last_tick_time: float | None = None
@@ -193,7 +222,7 @@ class Engine:
             if self._started:
                 return
             if self._core is None or (self._tokenizer is None and self.config is not None):
-                await anyio.to_thread.run_sync(self._load)
+                await self._worker.call(self._load)
             self._start_now()
 
     def _load(self) -> None:
@@ -221,7 +250,6 @@ class Engine:
             self.admission_config, deadline=self.timing.frame_deadline, guard=guard, clock=self._clock
         )
         self._pool = pool
-        self._limiter = anyio.CapacityLimiter(1)  # one step at a time: the engine core is not thread-safe
         self._events = {"wake": anyio.Event(), "room": anyio.Event(), "idle": anyio.Event()}
         self._events["idle"].set()
         self.metrics.limit.set(self._admitter.limit)
@@ -251,26 +279,54 @@ class Engine:
     def tokenizer(self) -> TextTokenizer | None:
         return self._tokenizer
 
+    @property
+    def failure(self) -> EngineStalled | None:
+        """Why the engine shut itself down (repeated step failures), or ``None``."""
+        return self._failure
+
     async def aclose(self) -> None:
-        """Close every session (later use raises ``SessionClosed``) and return all blocks."""
+        """Close every session (later use raises ``SessionClosed``) and return all blocks.
+
+        Waits for a step in flight, but not for a stuck one: once the watchdog has
+        declared the step stuck, the engine abandons its core thread and returns.
+        """
         if self._closed:
             return
+        await self._shut_down(None)
+
+    async def _shut_down(self, failure: EngineStalled | None) -> None:
+        """Close the engine: by the application (``failure`` None) or by the tick loop after repeated faults."""
         self._closed = True
         with anyio.CancelScope(shield=True):
             sessions = list(self._sessions.values())
             self._sessions.clear()
-            for s in sessions:
-                s._closed_by_engine()
+            if failure is None:
+                for s in sessions:
+                    s._closed_by_engine()
             if self._started:
                 self._set("wake")
                 self._set("room")
-                await self._events["idle"].wait()  # the tick in flight finishes and is delivered
-                for s in sessions:
+                if failure is None:
+                    await self._events["idle"].wait()  # the tick in flight finishes (or is abandoned)
+                for s in [*sessions, *self._drain_to_free()]:
                     await self._free(s)
                 self.metrics.sessions.set(0)
                 self.metrics.occupancy.set(self._pool.occupancy)
+            await self._worker.aclose()
+            if failure is not None:
+                # told last, so that a session that hears of the failure finds the engine shut down
+                for s in sessions:
+                    for p in s._queue:  # every frame sent gets its answer
+                        s._deliver(self._engine_failed(s, failure, p.frame))
+                    s._end(self._engine_failed(s, failure, None))
             self.metrics.close()
-            self._log.info("engine.closed", sessions=len(sessions))
+            self._log.info("engine.closed", sessions=len(sessions), failed=failure is not None)
+
+    @staticmethod
+    def _engine_failed(s: Session, failure: EngineStalled, frame: InputFrame | None) -> EngineStalled:
+        err = EngineStalled(str(failure), session_id=s.id, reason="engine_failed", frame=frame)
+        err.__cause__ = failure.__cause__
+        return err
 
     # sessions ------------------------------------------------------------------------------------
 
@@ -309,6 +365,8 @@ class Engine:
             raise self._reject(session)
 
     def _try_admit(self, session: Session) -> bool:
+        if self._failure is not None:
+            raise self._engine_failed(session, self._failure, None)
         if self._closed:
             raise SessionClosed("the engine is closed; no session can open on it", session_id=session.id)
         admitter = self._require_admitter()
@@ -336,6 +394,7 @@ class Engine:
             retry_after=retry_after,
             limit=limit,
             in_flight=in_flight,
+            session_id=session.id,
         )
 
     async def _close_session(self, session: Session) -> None:
@@ -348,16 +407,23 @@ class Engine:
         await self._free(session)
 
     async def _free(self, session: Session) -> None:
-        # a tick in flight may be opening this session's sequence: let it finish first
+        # a tick in flight may be opening this session's sequence: let it finish (or be abandoned) first
         while session._in_tick and self._tick_done is not None:
             await self._tick_done.wait()
         seq_id, session._seq_id = session._seq_id, None
         if seq_id is None:
             return
         core = self._require_core()
-        # through the step limiter: never while a step runs on the worker
-        self._pool = await anyio.to_thread.run_sync(self._free_sequence, core, seq_id, limiter=self._limiter)
+        try:
+            # on the core thread, queued behind any step: never while one runs
+            self._pool = await self._worker.call(self._free_sequence, core, seq_id)
+        except CoreAbandoned:
+            return  # the core went with its stuck thread; its blocks go with it
         self.metrics.occupancy.set(self._pool.occupancy)
+
+    def _drain_to_free(self) -> list[Session]:
+        ended, self._to_free = self._to_free, []
+        return ended
 
     @staticmethod
     def _free_sequence(core: EngineCore, seq_id: int) -> PoolStats:
@@ -388,8 +454,11 @@ class Engine:
             source = "the tokenizer"
         elif frame.audio is not None:
             assert frame.sample_rate is not None
-            ids = list(self.codec.encode(frame.samples_float32(), frame.sample_rate))
             source = f"the codec {self.codec!r}"
+            try:
+                ids = list(self.codec.encode(frame.samples_float32(), frame.sample_rate))
+            except Exception as exc:  # a custom codec's bug must not escape as anything but bad input
+                raise ValueError(f"audio: {source} could not encode the frame ({exc!r}); nothing was queued") from exc
         elif frame.tokens is not None:
             ids = list(frame.tokens)
             source = "the frame"
@@ -399,7 +468,8 @@ class Engine:
         vocab = self._require_core().config.vocab_size
         for t in ids:
             if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                raise ValueError(f"{source} produced token {t!r}, outside the model's vocabulary [0, {vocab})")
+                field = "tokens holds" if frame.tokens is not None else f"{source} produced token"
+                raise ValueError(f"{field} {t!r}, outside the model's vocabulary [0, {vocab}); nothing was queued")
         return ids
 
     def _submit(self, session: Session, frame: InputFrame) -> None:
@@ -467,6 +537,8 @@ class Engine:
                     continue
                 with anyio.CancelScope(shield=True):
                     await self._tick()
+                    if self._failed_in_row >= self.reliability.max_failed_ticks and not self._closed:
+                        await self._fail()
         finally:
             self._running = False
             self._asyncio_runner = None
@@ -485,25 +557,35 @@ class Engine:
             finishes = len(take) == len(pending.tokens)
             if not tokens:
                 s._queue.popleft()
-                s._deliver(ValueError("nothing to decode from: the session has appended nothing yet; send input"))
+                self._push(s, ValueError("nothing to decode from: the session has appended nothing yet; send input"))
                 continue
             entries.append(_Entry(s, pending, tokens, len(take), finishes))
         return entries
 
     def _work(self, entries: list[tuple[int | None, SamplingParams | None, list[int], bool]]) -> _WorkResult:
-        """On the worker thread: open the sequences of new sessions, run one batched step."""
+        """On the core thread: open the sequences of new sessions, run one batched step.
+
+        A step that raises has changed nothing (the core rolls back), so it is retried at
+        once, ``step_retries`` times: a transient fault costs one step's time, not a frame.
+        """
         core = self._require_core()
         seq_ids = [sid if sid is not None else core.add_sequence(sampling=sampling) for sid, sampling, _, _ in entries]
         requests = [
             StepRequest(sid, toks, sample=finish) for sid, (_, _, toks, finish) in zip(seq_ids, entries, strict=True)
         ]
         t0 = time.perf_counter()
-        try:
-            outputs = core.step(requests)
-            error = None
-        except Exception as exc:  # a bug in the step: every session of the tick hears of it
-            outputs, error = [], exc
-        return _WorkResult(seq_ids, outputs, core.pool_stats(), time.perf_counter() - t0, error)
+        outputs: list[StepOutput] = []
+        error: BaseException | None = None
+        raised: BaseException | None = None
+        failures = 0
+        for _ in range(self.reliability.step_retries + 1):
+            try:
+                outputs, error = core.step(requests), None
+                break
+            except Exception as exc:  # every session of the tick hears of it if no retry succeeds
+                failures += 1
+                error = raised = exc
+        return _WorkResult(seq_ids, outputs, core.pool_stats(), time.perf_counter() - t0, error, failures, raised)
 
     async def _tick(self) -> None:
         entries = self._gather()
@@ -518,7 +600,21 @@ class Engine:
         self._tick_done = done_event = anyio.Event()
         try:
             work = [(e.session._seq_id, e.session._sampling, e.tokens, e.finishes) for e in entries]
-            result = await anyio.to_thread.run_sync(self._work, work, limiter=self._limiter)
+            job = self._worker.submit(self._work, work)
+            limit = self.reliability.watchdog * self.timing.frame_deadline
+            returned = await watch(
+                job,
+                clock=anyio.current_time,  # real time, as the metronome paces ticks: a stuck thread is wall-clock
+                limit=limit,
+                poll=min(period, limit / 4),
+                on_stuck=lambda times, running: self._on_stuck(entries, times, running, limit),
+                give_up=lambda times: times > 0 and self._closed,  # closing: never wait on a stuck step
+            )
+            if not returned:
+                self._worker.abandon()
+                self._log.error("engine.core_abandoned", stuck_ticks=self._failed_in_row)
+                return
+            result = job.outcome()
             self._pool = result.pool
             self.metrics.occupancy.set(result.pool.occupancy)
             self._finish(entries, result, self._clock())
@@ -526,6 +622,107 @@ class Engine:
             for e in entries:
                 e.session._in_tick = False
             done_event.set()
+        for s in self._drain_to_free():
+            await self._free(s)
+
+    async def _fail(self) -> None:
+        """Too many failed ticks in a row: shut the engine down, loudly, for every session."""
+        n = self._failed_in_row
+        last = self._last_error
+        what = f"the last step raised {last!r}" if last is not None else "the last step is stuck"
+        failure = EngineStalled(
+            f"the engine shut down after {n} failed ticks in a row ({what}); make a new Engine",
+            reason="engine_failed",
+        )
+        failure.__cause__ = last
+        self._failure = failure
+        self.metrics.faults.labels("engine_failed").inc()
+        self._log.error("engine.failed", failed_ticks=n, error=repr(last))
+        await self._shut_down(failure)
+
+    def _on_stuck(self, entries: list[_Entry], times: int, running: float, limit: float) -> bool:
+        """The watchdog: the step has run ``times * limit`` seconds. Answer what waits on it; keep waiting?"""
+        if times == 1:
+            self._stuck_steps += 1
+            self._last_error = None
+            self.metrics.faults.labels("step_stuck").inc()
+        self._count_failed_tick()
+        self._log.error("engine.step_stuck", running=running, limit=limit, failed_in_row=self._failed_in_row)
+        for e in entries:
+            s = e.session
+            if e.answered or s._closed or not s._queue or s._queue[0] is not e.pending:
+                continue
+            e.answered = True
+            s._queue.popleft()
+            why = f"its step has run {running:.2f} s, past the watchdog's {limit:.2f} s"
+            self._stalled(s, e.pending, "step_stuck", why)
+        # frames queued behind the stuck step get their answer too: no step will serve them soon
+        in_tick = {id(e.pending) for e in entries}
+        for s in list(self._sessions.values()):
+            while s._queue and id(s._queue[0]) not in in_tick:
+                p = s._queue.popleft()
+                self._stalled(s, p, "step_stuck", f"the engine's step has been stuck for {running:.2f} s")
+        return self._failed_in_row < self.reliability.max_failed_ticks
+
+    def _stalled(self, s: Session, p: _Pending, reason: str, why: str, cause: BaseException | None = None) -> None:
+        s._stalls += 1
+        self._stalls += 1
+        self.metrics.stalls.inc()
+        err = EngineStalled(
+            f"frame {p.index} of session {s.id} was not served: {why}", session_id=s.id, reason=reason, frame=p.frame
+        )
+        err.__cause__ = cause
+        s._log.warning("session.stalled", reason=reason, frame=p.index)
+        self._push(s, err)
+
+    def _count_failed_tick(self) -> None:
+        self._failed_ticks += 1
+        self._failed_in_row += 1
+
+    # delivery under the slow-consumer policy --------------------------------------------------------
+
+    def _push(self, s: Session, item: OutputFrame | BaseException) -> None:
+        """Hand ``item`` to ``s`` within its bounded output queue."""
+        if s._closed:
+            return
+        cap = self.reliability.output_queue
+        if len(s._outputs) < cap:
+            s._deliver(item)
+            return
+        if self.reliability.slow_consumer == "drop_oldest":
+            s._outputs.popleft()
+            s._dropped += 1
+            self._dropped += 1
+            self.metrics.faults.labels("output_dropped").inc()
+            if s._dropped == 1 or s._dropped % cap == 0:  # a slow reader is one event per queue-full, not per frame
+                s._log.warning("session.outputs_dropped", dropped=s._dropped, output_queue=cap)
+            s._deliver(item)
+            return
+        admitter = self._require_admitter()
+        limit, in_flight, retry_after = admitter.limit, len(self._sessions), admitter.retry_after()
+        self._end_session(
+            s,
+            LoadShed(
+                f"session {s.id} was shed: it left {cap} outputs unread (ReliabilityConfig.output_queue); read "
+                "outputs as they come, or use slow_consumer='drop_oldest'; open a new session after retry_after",
+                retry_after=retry_after,
+                limit=limit,
+                in_flight=in_flight,
+                session_id=s.id,
+            ),
+            "shed",
+        )
+        self._shed += 1
+
+    def _end_session(self, s: Session, error: MetronomeError, kind: str) -> None:
+        """The engine ends ``s``: out of the admitted set now, its blocks freed after the tick."""
+        if self._sessions.pop(s.id, None) is None:
+            return
+        self.metrics.faults.labels(kind).inc()
+        self.metrics.sessions.set(len(self._sessions))
+        s._end(error)
+        self._to_free.append(s)
+        self._set("room")
 
     def _finish(self, entries: list[_Entry], result: _WorkResult, done: float) -> None:
         tick = self._ticks
@@ -533,18 +730,39 @@ class Engine:
         latencies: list[float] = []
         stalled: list[int] = []
         growth = 0
+        self._step_failures += result.failures
+        if result.failures:
+            self.metrics.faults.labels("step_failed").inc(result.failures)
+            self._log.error(
+                "engine.step_failed", tries=result.failures, error=repr(result.raised), recovered=result.error is None
+            )
+        if result.error is not None:
+            self._last_error = result.error
+            self._count_failed_tick()
+        else:
+            self._failed_in_row = 0
         for i, e in enumerate(entries):
             s = e.session
             s._seq_id = result.seq_ids[i]
-            if s._closed:
+            if s._closed and not s._by_engine:
                 continue  # closed while its step ran: its closer frees the sequence
             if result.error is not None:
-                s._queue.popleft()
-                err = EngineError(f"the engine step failed: {result.error!r}", session_id=s.id)
-                err.__cause__ = result.error
-                s._deliver(err)
+                if not e.answered and not s._closed:
+                    s._queue.popleft()
+                    why = f"the step failed {result.failures} times ({result.error!r}); nothing was appended"
+                    self._stalled(s, e.pending, "step_failed", why, result.error)
                 continue
             out = result.outputs[i]
+            if out.stall is Stall.NUMERIC_FAULT:
+                self._break(s, e)
+                continue
+            if s._closed:
+                continue  # ended by the engine in this tick (shed): freed after it
+            if e.answered:  # a stuck step that came back: keep the state, the frame was answered
+                if out.stall is None:
+                    s._num_tokens, s._num_blocks = out.num_tokens, out.num_blocks
+                    s._feedback = out.token if e.finishes else None
+                continue
             if out.stall is not None:
                 stalled.append(s.id)
                 latency = self._stall(s, e, out, tick, done)
@@ -561,6 +779,23 @@ class Engine:
                 s._feedback = out.token
                 latencies.append(self._answer(s, e.pending, (out.token,), tick, done))
         self._account(tick, done, entries, stalled, latencies, growth, result.step_seconds)
+
+    def _break(self, s: Session, e: _Entry) -> None:
+        """Non-finite logits: the session's state is corrupt. The core dropped it; end the session."""
+        s._seq_id = None  # the core freed the sequence (and scrubbed its blocks) already
+        s._num_blocks = 0
+        self._broken += 1
+        s._log.error("session.broken", reason="numeric_fault", frame=e.pending.index)
+        self._end_session(
+            s,
+            SessionBroken(
+                f"session {s.id} is broken: its logits came out NaN or inf at frame {e.pending.index}, so its cache "
+                "is corrupt; the engine dropped it and freed its blocks; open a new session",
+                session_id=s.id,
+                reason="numeric_fault",
+            ),
+            "numeric_fault",
+        )
 
     def _answer(self, s: Session, pending: _Pending, tokens: tuple[int, ...], tick: int, done: float) -> float:
         latency = done - pending.submitted
@@ -590,7 +825,8 @@ class Engine:
             self._misses += 1
             self.metrics.deadline_misses.inc()
         if missed and self.timing.strict:
-            s._deliver(
+            self._push(
+                s,
                 DeadlineMissed(
                     f"frame {pending.index} of session {s.id} took {latency * 1e3:.1f} ms, "
                     f"past its {deadline * 1e3:.1f} ms deadline",
@@ -598,10 +834,10 @@ class Engine:
                     latency=latency,
                     deadline=deadline,
                     output=out,
-                )
+                ),
             )
         else:
-            s._deliver(out)
+            self._push(s, out)
         return latency
 
     def _stall(self, s: Session, e: _Entry, out: StepOutput, tick: int, done: float) -> float | None:
@@ -628,24 +864,26 @@ class Engine:
         if self.silent:  # the legacy cliff: an empty frame, on time, that looks healthy
             return self._answer(s, e.pending, (), tick, done)
         if exhausted:
-            s._deliver(
+            self._push(
+                s,
                 CacheExhausted(
                     f"session {s.id} needs {needed} blocks for {out.num_tokens + len(e.tokens)} tokens, more than "
                     f"the pool's {pool_blocks}; grow the pool or use kv='window' to bound each session",
                     session_id=s.id,
                     needed_blocks=needed,
                     pool_blocks=pool_blocks,
-                )
+                ),
             )
         else:
-            s._deliver(
+            self._push(
+                s,
                 EngineStalled(
                     f"frame {e.pending.index} of session {s.id} was not served: the KV pool is full "
                     f"({self._pool.used_blocks} of {pool_blocks} blocks); close sessions or use kv='window'",
                     session_id=s.id,
                     reason=reason,
                     frame=e.pending.frame,
-                )
+                ),
             )
         return None
 
@@ -727,6 +965,13 @@ class Engine:
             stalls=self._stalls,
             growth_rate=self._growth_rate(),
             t_sat=self._t_sat(),
+            step_failures=self._step_failures,
+            failed_ticks=self._failed_ticks,
+            stuck_steps=self._stuck_steps,
+            broken=self._broken,
+            shed=self._shed,
+            outputs_dropped=self._dropped,
+            failed=self._failure is not None,
         )
 
     def __repr__(self) -> str:

@@ -8,11 +8,11 @@
     │   └── LoadShed               an admitted session dropped to protect the others
     ├── DeadlineMissed             also a TimeoutError: a frame missed its deadline (strict mode)
     ├── EngineError
-    │   ├── EngineStalled          no step progress: pool exhausted or a stuck step
+    │   ├── EngineStalled          no step progress: pool exhausted, a failed or stuck step
     │   └── CacheExhausted         the pool cannot hold a session's bound: a sizing error
     └── SessionError
         ├── SessionClosed          used after the application closed it
-        └── SessionBroken          the peer or transport died (cause chained)
+        └── SessionBroken          the peer or transport died, or the session's state is corrupt
 
 Catch a category (``Overloaded``, ``EngineError``, ``SessionError``) to handle a kind of
 failure; the context of each error (session, limits, frame) is attached as attributes.
@@ -49,14 +49,18 @@ class Overloaded(MetronomeError):
     """Back-pressure: the engine has no room now. Retry after ``retry_after`` seconds.
 
     ``limit`` is the session cap at the time (AIMD cap or memory guard, whichever is lower)
-    and ``in_flight`` the sessions it was serving.
+    and ``in_flight`` the sessions it was serving. ``session_id`` is the session refused
+    or shed, when one is known.
     """
 
-    def __init__(self, message: str, *, retry_after: float, limit: int, in_flight: int) -> None:
+    def __init__(
+        self, message: str, *, retry_after: float, limit: int, in_flight: int, session_id: int | None = None
+    ) -> None:
         super().__init__(message)
         self.retry_after = retry_after
         self.limit = limit
         self.in_flight = in_flight
+        self.session_id = session_id
 
 
 class AdmissionRejected(Overloaded):
@@ -64,7 +68,12 @@ class AdmissionRejected(Overloaded):
 
 
 class LoadShed(Overloaded):
-    """An admitted session was dropped to protect the others."""
+    """An admitted session was dropped to protect the others.
+
+    Raised when a session left ``ReliabilityConfig.output_queue`` outputs unread (a slow
+    consumer, under ``slow_consumer="shed"``): its unread outputs come first, then this
+    error; the session is closed and its blocks are back in the pool.
+    """
 
 
 class DeadlineMissed(MetronomeError, TimeoutError):
@@ -92,10 +101,17 @@ class EngineError(MetronomeError):
 
 
 class EngineStalled(EngineError):
-    """A frame got no step progress: the block pool was exhausted (or a step got stuck).
+    """A frame got no step progress. ``reason`` says why:
 
-    Nothing of ``frame`` was appended to the session, so it may be sent again once
-    other sessions close. ``reason`` is the engine's stall reason (``"pool_exhausted"``).
+    - ``"pool_exhausted"``: the block pool was full; nothing of ``frame`` was appended,
+      so it may be sent again once other sessions close.
+    - ``"step_failed"``: the step raised on every try (the cause is chained); nothing
+      was appended; the session stays open.
+    - ``"step_stuck"``: the step ran past the watchdog's limit; the frame is handed
+      back at once. If the stuck step completes later, its tokens are in the session's
+      context (do not resend it) but its output is discarded.
+    - ``"engine_failed"``: the engine shut down after repeated failures; the session is
+      closed (later use raises this again). Make a new engine.
     """
 
     def __init__(
@@ -132,4 +148,11 @@ class SessionClosed(SessionError):
 
 
 class SessionBroken(SessionError):
-    """Something outside the application (the peer, the transport) died; see ``__cause__``."""
+    """The session cannot go on: something outside the application died (the peer, the
+    transport; see ``__cause__``), or its own state is corrupt (``reason="numeric_fault"``:
+    its logits came out NaN or inf, so the engine dropped its cache and freed its blocks).
+    """
+
+    def __init__(self, message: str, *, session_id: int | None = None, reason: str | None = None) -> None:
+        super().__init__(message, session_id=session_id)
+        self.reason = reason

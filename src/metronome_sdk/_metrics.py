@@ -34,6 +34,12 @@ class EngineMetrics:
         )
         self.rejected = Counter("metronome_admission_rejected_total", "Sessions refused at admission", registry=r)
         self.admitted = Counter("metronome_admission_admitted_total", "Sessions admitted", registry=r)
+        self.faults = Counter(
+            "metronome_faults_total",
+            "Faults by kind: step_failed, step_stuck, numeric_fault, shed, output_dropped, engine_failed",
+            ["kind"],
+            registry=r,
+        )
         self.sessions = Gauge("metronome_sessions", "Sessions open", registry=r)
         self.limit = Gauge("metronome_admission_limit", "The admission cap (AIMD under the memory guard)", registry=r)
         self.occupancy = Gauge("metronome_pool_occupancy", "Fraction of KV blocks in use", registry=r)

@@ -21,7 +21,7 @@ import anyio
 from metronome_engine import SamplingParams
 
 from ._engine import Engine
-from ._exceptions import SessionClosed
+from ._exceptions import MetronomeError, SessionClosed
 from ._frames import InputFrame, OutputFrame
 from ._log import get_logger
 from ._stats import SessionStats
@@ -70,7 +70,10 @@ class Session:
     waits for room before ``AdmissionRejected`` (default: the engine's
     ``AdmissionConfig.queue_timeout``); ``open_nowait()`` refuses at once instead.
     Outputs come back in order; a frame the engine could not serve comes back as an
-    error (``EngineStalled``, ``CacheExhausted``), never as an empty frame.
+    error (``EngineStalled``, ``CacheExhausted``), never as an empty frame. Unread
+    outputs are bounded (``ReliabilityConfig.output_queue``): read them as they come.
+    A session the engine ended (``LoadShed``, ``SessionBroken``, ``EngineStalled`` with
+    ``reason="engine_failed"``) hands out its unread outputs, then raises that error.
     """
 
     def __init__(
@@ -94,6 +97,7 @@ class Session:
         self._opened = False
         self._closed = False
         self._by_engine = False
+        self._ended: MetronomeError | None = None  # why the engine ended the session
         self._rendered = False  # the chat template's preamble was sent
         self._seq_id: int | None = None
         self._in_tick = False
@@ -106,6 +110,7 @@ class Session:
         self._frames_out = 0
         self._misses = 0
         self._stalls = 0
+        self._dropped = 0  # outputs discarded unread (slow_consumer="drop_oldest")
         self._num_tokens = 0
         self._num_blocks = 0
 
@@ -182,7 +187,21 @@ class Session:
             "session.closed", by="engine", frames=self._frames_out, stalls=self._stalls, deadline_misses=self._misses
         )
 
+    def _end(self, error: MetronomeError) -> None:
+        """The engine ended the session: unread outputs stay, then ``error``, raised again on later use."""
+        if self._closed:
+            return
+        self._closed = True
+        self._by_engine = True
+        self._ended = error
+        self._queue.clear()
+        self._outputs.append(error)
+        self._wake_receivers()
+        self._log.warning("session.closed", by="engine", error=type(error).__name__, frames=self._frames_out)
+
     def _check_open(self) -> None:
+        if self._ended is not None:
+            raise self._ended
         if not self._opened:
             raise SessionClosed(
                 f"session {self.id} is not open; use `async with` or await open() first", session_id=self.id
@@ -268,6 +287,7 @@ class Session:
             frames=self._frames_out,
             deadline_misses=self._misses,
             stalls=self._stalls,
+            outputs_dropped=self._dropped,
             num_tokens=self._num_tokens,
             num_blocks=self._num_blocks,
         )

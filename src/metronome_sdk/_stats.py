@@ -35,6 +35,14 @@ class EngineStats:
     stalls: int
     growth_rate: float
     t_sat: float | None
+    # faults (see docs/reliability.md)
+    step_failures: int = 0  # step attempts that raised, retried ones included
+    failed_ticks: int = 0  # ticks whose step failed on every try, or watchdog periods a step was stuck
+    stuck_steps: int = 0  # steps the watchdog declared stuck
+    broken: int = 0  # sessions dropped for non-finite logits (SessionBroken)
+    shed: int = 0  # sessions shed for leaving outputs unread (LoadShed)
+    outputs_dropped: int = 0  # unread outputs discarded (slow_consumer="drop_oldest")
+    failed: bool = False  # the engine shut down after max_failed_ticks failed ticks in a row
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -46,6 +54,7 @@ class SessionStats:
     stalls: int
     num_tokens: int
     num_blocks: int
+    outputs_dropped: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

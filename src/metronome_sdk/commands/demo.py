@@ -1,23 +1,77 @@
-"""``metronome demo``: a few sessions talking at once on the embedded engine (console)."""
+"""``metronome demo``: the WebRTC voice demo on 127.0.0.1:8080 (``--console`` for the console demo)."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
+import ipaddress
+import os
+import signal
+import sys
 
 from ._base import Command
 
+TOKEN_ENV = "METRONOME_TOKEN"
+
 
 def _add(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--sessions", type=int, default=3, help="concurrent sessions (default 3)")
-    p.add_argument("--tokens", type=int, default=48, help="tokens each answer may take (default 48)")
-    p.add_argument("--window", type=int, default=256)
-    p.add_argument("--sinks", type=int, default=4)
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
+    p.add_argument("--max-peers", type=int, default=8, help="peers connected at once (default 8)")
+    p.add_argument("--window", type=int, default=256, help="tokens each session keeps (default 256)")
+    p.add_argument("--sinks", type=int, default=4, help="first tokens each session pins (default 4)")
+    p.add_argument("--console", action="store_true", help="run the console demo instead (no browser)")
+    p.add_argument("--sessions", type=int, default=3, help="console demo: concurrent sessions (default 3)")
+    p.add_argument("--tokens", type=int, default=48, help="console demo: tokens each answer may take (default 48)")
+    p.epilog = f"Set ${TOKEN_ENV} to require 'Authorization: Bearer <token>' on POST /offer."
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..console_demo import run_console_demo
+    if args.console:
+        from ..console_demo import run_console_demo
 
-    return run_console_demo(sessions=args.sessions, max_tokens=args.tokens, window=args.window, sinks=args.sinks)
+        return run_console_demo(sessions=args.sessions, max_tokens=args.tokens, window=args.window, sinks=args.sinks)
+    return asyncio.run(_serve(args))
 
 
-DEMO = Command(None, "demo", "talk to the embedded engine: concurrent sessions, latency and pool occupancy", _add, _run)
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    from ..webrtc import ServerConfig, WebRTCServer, demo_engine
+
+    token = os.environ.get(TOKEN_ENV) or None
+    config = ServerConfig(host=args.host, port=args.port, token=token, max_peers=args.max_peers)
+    if not _loopback(args.host) and token is None:
+        print(f"warning: serving on {args.host} with no token; anyone who reaches it may talk", file=sys.stderr)
+    print("loading the model and the voice ...", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        async with demo_engine(window=args.window, sinks=args.sinks) as engine:
+            server = WebRTCServer(engine, config)
+            try:
+                await server.start()
+            except OSError as exc:
+                raise ValueError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
+            try:
+                print(f"voice demo on {server.url}  (open it in a browser; Ctrl-C stops)", flush=True)
+                await stop.wait()
+            finally:
+                await server.aclose()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    print("stopped: every peer connection and session closed", file=sys.stderr)
+    return 0
+
+
+DEMO = Command(
+    None, "demo", "serve the WebRTC voice demo (speech in, the model's answer out) on 127.0.0.1:8080", _add, _run
+)

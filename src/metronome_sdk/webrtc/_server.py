@@ -1,0 +1,333 @@
+"""The signaling server (aiohttp): ``POST /offer`` opens a session per peer; ``/`` serves the demo page.
+
+Bad input is answered with a status and a JSON reason, never a 500 or a traceback:
+401 for a missing or wrong bearer token, 413 for an oversized body, 400 for a body that
+is not an offer or an SDP that cannot be served, 503 with ``Retry-After`` when the peer
+cap is reached or admission refuses the session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import math
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from importlib import resources
+from types import TracebackType
+from typing import Any
+
+from aiohttp import web
+
+from .._engine import Engine
+from .._exceptions import MetronomeError, Overloaded, SessionBroken, SessionClosed
+from .._log import get_logger
+from .._session import Session
+from ..transports._base import Transport
+from ..voice._agent import VoiceAgent, error_event
+from ..voice._protocols import SpeechToText, TextToSpeech
+from ._peer import WebRTCPeer
+
+__all__ = ["PeerHandler", "ServerConfig", "WebRTCServer"]
+
+PeerHandler = Callable[[Session, Transport], Awaitable[None]]
+
+DEFAULT_PROMPT = "You are a friendly voice assistant. Answer in one or two short sentences."
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerConfig:
+    """Where and how the signaling server listens, and what it accepts.
+
+    It binds ``127.0.0.1`` unless told otherwise. ``token``: when set, ``POST /offer``
+    needs ``Authorization: Bearer <token>`` (compared in constant time). ``max_body``
+    caps a request body (bytes; an SDP offer is a few KiB); ``max_peers`` caps the peers
+    connected at once, whatever admission would allow; ``busy_retry_after`` is the
+    ``Retry-After`` sent when that cap is hit. ``media_timeout``: a peer that sends no
+    audio for that long has vanished, and its session is closed.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8080
+    token: str | None = field(default=None, repr=False)
+    max_peers: int = 8
+    max_body: int = 64 << 10
+    busy_retry_after: float = 5.0
+    media_timeout: float = 10.0
+    system_prompt: str | None = DEFAULT_PROMPT
+    max_reply_tokens: int = 48
+    demo_page: bool = True
+
+    def __post_init__(self) -> None:
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be an int in [0, 65535], got {self.port!r}; 0 picks a free port")
+        if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 8):
+            raise ValueError("token must be a str of at least 8 characters (or None for no token)")
+        if isinstance(self.max_peers, bool) or not isinstance(self.max_peers, int) or self.max_peers < 1:
+            raise ValueError(f"max_peers must be an int >= 1, got {self.max_peers!r}; try 8")
+        if isinstance(self.max_body, bool) or not isinstance(self.max_body, int) or self.max_body < 1024:
+            raise ValueError(f"max_body must be an int >= 1024 bytes, got {self.max_body!r}; try 65536")
+        for name in ("busy_retry_after", "media_timeout"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
+                raise ValueError(f"{name} must be a finite number > 0 (seconds), got {value!r}")
+
+    def __repr__(self) -> str:
+        token = "set" if self.token else "none"
+        return (
+            f"ServerConfig(host={self.host!r}, port={self.port}, token={token}, max_peers={self.max_peers}, "
+            f"max_body={self.max_body})"
+        )
+
+
+def _refuse(status: int, error: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
+    return web.json_response({"error": error, "message": message}, status=status, headers=headers)
+
+
+def _retry_after(seconds: float) -> dict[str, str]:
+    return {"Retry-After": str(max(1, math.ceil(seconds)))}
+
+
+@web.middleware
+async def _json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        keep = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after", "www-authenticate")}
+        return _refuse(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason, keep)
+    except asyncio.CancelledError:
+        raise
+    except Exception:  # a bug of ours: logged here, never shown to the client
+        get_logger().exception("webrtc.request_failed", path=request.path)
+        return _refuse(500, "internal_error", "the server failed to handle this request; see its log")
+
+
+class WebRTCServer:
+    """Serves one ``Session`` per WebRTC peer from ``engine``.
+
+    Each peer's session is handed with its ``WebRTCPeer`` to ``handler``; the default
+    handler is a ``VoiceAgent`` with ``stt`` and ``tts``. When the handler returns or
+    fails, or the peer hangs up or vanishes, the peer connection and the session are
+    closed and the session's blocks go back to the pool. ``async with`` starts and stops
+    it; stopping closes every peer connection. ``app`` is the aiohttp application, for
+    mounting it elsewhere.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        config: ServerConfig | None = None,
+        *,
+        stt: SpeechToText | None = None,
+        tts: TextToSpeech | None = None,
+        handler: PeerHandler | None = None,
+    ) -> None:
+        if not isinstance(engine, Engine):
+            raise ValueError(f"engine must be a metronome Engine, got {type(engine).__name__}")
+        if handler is not None and (stt is not None or tts is not None):
+            raise ValueError("give a handler, or stt and tts for the default voice agent, not both")
+        self.engine = engine
+        self.config = config or ServerConfig()
+        self._stt = stt
+        self._tts = tts
+        self._handler = handler
+        self._log = get_logger()
+        self._peers: dict[WebRTCPeer, asyncio.Task[None]] = {}
+        self._opening = 0
+        self._closing = False
+        self._runner: web.AppRunner | None = None
+        self.port: int | None = None
+        self.app = web.Application(client_max_size=self.config.max_body, middlewares=[_json_errors])
+        self.app.router.add_post("/offer", self._offer)
+        if self.config.demo_page:
+            self.app.router.add_get("/", self._page("index.html", "text/html"))
+            self.app.router.add_get("/client.js", self._page("client.js", "application/javascript"))
+        self.app.on_shutdown.append(self._on_shutdown)
+
+    # lifecycle -----------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> WebRTCServer:
+        await self.start()
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def start(self) -> None:
+        """Load the model (if the engine has not) and the voice, then listen."""
+        await self.engine.start()
+        if self._handler is None:
+            await asyncio.to_thread(self._load_voice)
+        runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, self.config.host, self.config.port)
+        await site.start()
+        self._runner = runner
+        self.port = runner.addresses[0][1]
+        self._log.info("webrtc.listening", url=self.url, token=self.config.token is not None)
+
+    def _load_voice(self) -> None:
+        from ..voice import EspeakTTS, PocketSphinxSTT
+
+        if self._stt is None:
+            stt = PocketSphinxSTT()
+            stt.load()
+            self._stt = stt
+        if self._tts is None:
+            self._tts = EspeakTTS()
+
+    @property
+    def url(self) -> str:
+        host = self.config.host if ":" not in self.config.host else f"[{self.config.host}]"
+        return f"http://{host}:{self.port if self.port is not None else self.config.port}/"
+
+    @property
+    def peers(self) -> int:
+        return len(self._peers)
+
+    async def aclose(self) -> None:
+        """Tell every peer the server is going, close their connections and sessions, stop listening."""
+        await self._on_shutdown(self.app)
+        if self._runner is not None:
+            runner, self._runner = self._runner, None
+            await runner.cleanup()
+
+    async def _on_shutdown(self, app: web.Application) -> None:
+        self._closing = True
+        peers = list(self._peers.items())
+        for peer, _ in peers:
+            await peer.send_event({"type": "closed", "reason": "server_shutdown"})
+        for _, task in peers:
+            task.cancel()
+        await asyncio.gather(*(task for _, task in peers), return_exceptions=True)
+
+    # requests ------------------------------------------------------------------------------------
+
+    def _page(self, name: str, content_type: str) -> Callable[[web.Request], Awaitable[web.Response]]:
+        body = resources.files(__package__).joinpath("static", name).read_bytes()
+
+        async def serve(request: web.Request) -> web.Response:
+            return web.Response(body=body, content_type=content_type, headers={"Cache-Control": "no-store"})
+
+        return serve
+
+    def _authorized(self, request: web.Request) -> bool:
+        token = self.config.token
+        if token is None:
+            return True
+        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
+        # compare in constant time, and always compare, so timing tells nothing about the token
+        return hmac.compare_digest(given.strip().encode(), token.encode()) and scheme.lower() == "bearer"
+
+    async def _offer(self, request: web.Request) -> web.Response:
+        if not self._authorized(request):
+            return _refuse(401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"})
+        if request.content_length is not None and request.content_length > self.config.max_body:
+            return _refuse(413, "too_large", f"the body may hold at most {self.config.max_body} bytes")
+        if self._closing:
+            return _refuse(
+                503, "shutting_down", "the server is shutting down", _retry_after(self.config.busy_retry_after)
+            )
+        if len(self._peers) + self._opening >= self.config.max_peers:
+            self._log.warning("webrtc.peer_cap", peers=len(self._peers), max_peers=self.config.max_peers)
+            return _refuse(
+                503,
+                "too_many_peers",
+                f"{self.config.max_peers} peers are connected, the most this server takes; retry later",
+                _retry_after(self.config.busy_retry_after),
+            )
+        self._opening += 1
+        try:
+            return await self._open_peer(request)
+        finally:
+            self._opening -= 1
+
+    async def _open_peer(self, request: web.Request) -> web.Response:
+        offer = _parse_offer(await request.read())
+        if isinstance(offer, web.Response):
+            return offer
+        try:
+            session = self.engine.try_session(self.config.system_prompt)
+        except Overloaded as exc:
+            return _refuse(503, "admission_rejected", str(exc), _retry_after(exc.retry_after))
+        except SessionClosed as exc:
+            return _refuse(503, "engine_closed", str(exc), _retry_after(self.config.busy_retry_after))
+        peer = WebRTCPeer(media_timeout=self.config.media_timeout, session_id=session.id)
+        try:
+            answer = await peer.accept(offer)
+        except asyncio.CancelledError:
+            await peer.aclose()
+            await session.aclose()
+            raise
+        except Exception as exc:  # what aiortc raises for an offer it cannot take (ValueError, KeyError...)
+            self._log.info("webrtc.bad_offer", error=repr(exc))
+            await peer.aclose()
+            await session.aclose()
+            return _refuse(400, "bad_offer", f"the offer cannot be served: {_short(exc)}")
+        self._peers[peer] = asyncio.ensure_future(self._serve(peer, session))
+        self._log.info("webrtc.peer_opened", session_id=session.id, peers=len(self._peers))
+        return web.json_response({"sdp": answer.sdp, "type": answer.type})
+
+    async def _serve(self, peer: WebRTCPeer, session: Session) -> None:
+        try:
+            if self._handler is not None:
+                await self._handler(session, peer)
+            else:
+                assert self._stt is not None and self._tts is not None
+                agent = VoiceAgent(
+                    session, peer, stt=self._stt, tts=self._tts, max_reply_tokens=self.config.max_reply_tokens
+                )
+                await agent.run()
+        except MetronomeError as exc:
+            self._log.warning("webrtc.session_failed", session_id=session.id, error=type(exc).__name__)
+            if not isinstance(exc, SessionBroken):  # a handler of the user's may not have said so (the agent has)
+                await peer.send_event(error_event(exc))
+                await peer.send_event({"type": "closed", "reason": type(exc).__name__})
+        except asyncio.CancelledError:
+            pass  # the server is shutting down
+        except Exception as exc:  # a bug in the handler: the peer still hears of it
+            self._log.exception("webrtc.handler_failed", session_id=session.id)
+            await peer.send_event(error_event(exc))
+            await peer.send_event({"type": "closed", "reason": "internal_error"})
+        finally:
+            await asyncio.shield(self._release(peer, session))
+
+    async def _release(self, peer: WebRTCPeer, session: Session) -> None:
+        await peer.aclose()
+        await session.aclose()
+        self._peers.pop(peer, None)
+        self._log.info("webrtc.peer_closed", session_id=session.id, peers=len(self._peers))
+
+    def __repr__(self) -> str:
+        state = "listening" if self._runner is not None else "stopped"
+        return f"WebRTCServer({self.url}, peers={len(self._peers)}, {state})"
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    return text[:200]
+
+
+def _parse_offer(body: bytes) -> str | web.Response:
+    """The offer's SDP, or the 400 that says why the body is not an offer."""
+    try:
+        offer = json.loads(body)
+    except (ValueError, UnicodeDecodeError):
+        return _refuse(400, "bad_request", 'the body must be JSON: {"sdp": "...", "type": "offer"}')
+    if not isinstance(offer, dict) or offer.get("type") != "offer" or not isinstance(offer.get("sdp"), str):
+        return _refuse(400, "bad_request", 'the body must be {"sdp": "<an SDP offer>", "type": "offer"}')
+    sdp: str = offer["sdp"]
+    if not sdp.startswith("v=0") or "\nm=" not in sdp:
+        return _refuse(400, "bad_offer", "the sdp is not a session description (it starts with v=0 and has m= lines)")
+    from aiortc.sdp import SessionDescription
+
+    try:
+        SessionDescription.parse(sdp)
+    except Exception as exc:  # aiortc's parser raises whatever the text trips
+        return _refuse(400, "bad_offer", f"the sdp cannot be parsed: {_short(exc)}")
+    return sdp

@@ -1,0 +1,94 @@
+"""The outbound audio track: queued speech, paced in real time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from fractions import Fraction
+
+import av
+import numpy as np
+import numpy.typing as npt
+from aiortc import MediaStreamTrack
+from aiortc.mediastreams import MediaStreamError
+
+from ..voice._audio import resample
+
+__all__ = ["ReplyAudioTrack"]
+
+
+class ReplyAudioTrack(MediaStreamTrack):
+    """The outbound audio track: queued speech, paced against the wall clock.
+
+    Each ``recv()`` returns ``frame_seconds`` of mono int16 audio at ``sample_rate``; its
+    ``pts`` advances by the samples sent, in a time base of ``1/sample_rate``. Between
+    replies the track carries silence (the peer is listening, and RTP must keep flowing);
+    when the session fails the track is stopped, so ``recv()`` ends with
+    ``MediaStreamError`` instead of going on with silence as if all were well.
+    """
+
+    kind = "audio"
+
+    def __init__(self, *, sample_rate: int = 48000, frame_seconds: float = 0.02) -> None:
+        super().__init__()
+        self.sample_rate = sample_rate
+        self.samples_per_frame = round(sample_rate * frame_seconds)
+        self._time_base = Fraction(1, sample_rate)
+        self._queue: deque[npt.NDArray[np.int16]] = deque()
+        self._queued = 0
+        self._start: float | None = None
+        self._pts = 0
+        self.samples_sent = 0  # of queued speech, not of silence
+
+    @property
+    def queued_seconds(self) -> float:
+        return self._queued / self.sample_rate
+
+    def enqueue(self, samples: npt.NDArray[np.int16], sample_rate: int) -> None:
+        """Queue speech behind what is queued (resampled to the track's rate)."""
+        pcm = resample(np.asarray(samples, dtype=np.int16).reshape(-1), sample_rate, self.sample_rate)
+        if pcm.size:
+            self._queue.append(pcm)
+            self._queued += pcm.size
+
+    def clear(self) -> None:
+        """Drop queued speech (a barge-in)."""
+        self._queue.clear()
+        self._queued = 0
+
+    def _take(self, n: int) -> npt.NDArray[np.int16]:
+        out = np.zeros(n, dtype=np.int16)
+        filled = 0
+        while filled < n and self._queue:
+            head = self._queue[0]
+            k = min(n - filled, head.size)
+            out[filled : filled + k] = head[:k]
+            filled += k
+            if k == head.size:
+                self._queue.popleft()
+            else:
+                self._queue[0] = head[k:]
+        self._queued -= filled
+        self.samples_sent += filled
+        return out
+
+    async def recv(self) -> av.AudioFrame:
+        if self.readyState != "live":
+            raise MediaStreamError
+        if self._start is None:
+            self._start = time.monotonic()
+        else:
+            self._pts += self.samples_per_frame
+            wait = self._start + self._pts / self.sample_rate - time.monotonic()
+            if wait > 0:
+                await asyncio.sleep(wait)
+            if self.readyState != "live":  # stopped while it waited
+                raise MediaStreamError
+        frame = av.AudioFrame.from_ndarray(
+            self._take(self.samples_per_frame).reshape(1, -1), format="s16", layout="mono"
+        )
+        frame.sample_rate = self.sample_rate
+        frame.pts = self._pts
+        frame.time_base = self._time_base
+        return frame

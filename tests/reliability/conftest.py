@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+import torch
+
+from metronome_engine import EngineCore
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    # as in tests/sdk: the tiny model's steps take a millisecond on one thread
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def poison(core: EngineCore, seq_id: int) -> None:
+    """Corrupt one session's state: NaN in every K/V slot it holds (a bit flip, a bad kernel)."""
+    seq = core._seqs[seq_id].kv
+    bs = core.pool.block_size
+    slots = torch.tensor([pb * bs + j for _, pb in seq.resident_blocks() for j in range(bs)])
+    core.cache.k.index_fill_(2, slots, float("nan"))
+    core.view.invalidate()  # the next step re-reads the rows from the pool

@@ -1,0 +1,83 @@
+from __future__ import annotations
+
+import shutil
+import subprocess
+import wave
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import numpy as np
+import numpy.typing as npt
+import pytest
+import torch
+
+from metronome_sdk import Engine
+from metronome_sdk.webrtc import ServerConfig, WebRTCServer
+from tests.sdk.conftest import make_engine
+
+QUESTION = "Hello. What is the capital of France?"
+
+
+class FixedSTT:
+    """Hears the same words in every utterance, and counts the utterances."""
+
+    def __init__(self, text: str = "hello there") -> None:
+        self.text = text
+        self.heard: list[int] = []
+
+    def transcribe(self, samples: npt.NDArray[np.int16], sample_rate: int) -> str:
+        self.heard.append(samples.size)
+        return self.text
+
+
+class ToneTTS:
+    """Speaks every sentence as a short 440 Hz tone (no espeak-ng needed)."""
+
+    def __init__(self, seconds: float = 0.4, rate: int = 16000) -> None:
+        self.seconds, self.rate = seconds, rate
+        self.spoken: list[str] = []
+
+    def synthesize(self, text: str) -> tuple[npt.NDArray[np.int16], int]:
+        self.spoken.append(text)
+        t = np.arange(round(self.seconds * self.rate)) / self.rate
+        return (8000 * np.sin(2 * np.pi * 440 * t)).astype(np.int16), self.rate
+
+
+@pytest.fixture(autouse=True)
+def one_torch_thread() -> Iterator[None]:
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def speech_wav(path: Path, text: str = QUESTION, *, silence: float = 1.5) -> Path:
+    """An espeak-ng recording of ``text`` followed by ``silence`` seconds of quiet (a turn's end)."""
+    if shutil.which("espeak-ng") is None:
+        pytest.skip("espeak-ng is not installed (Debian: apt-get install espeak-ng)")
+    raw = path.with_suffix(".raw.wav")
+    subprocess.run(["espeak-ng", "-w", str(raw), "-s", "150"], input=text.encode(), check=True, timeout=30)
+    with wave.open(str(raw)) as w:
+        rate, data = w.getframerate(), w.readframes(w.getnframes())
+    pcm = np.concatenate([np.frombuffer(data, dtype=np.int16), np.zeros(round(silence * rate), dtype=np.int16)])
+    with wave.open(str(path), "wb") as out:
+        out.setnchannels(1)
+        out.setsampwidth(2)
+        out.setframerate(rate)
+        out.writeframes(pcm.tobytes())
+    return path
+
+
+@pytest.fixture
+async def tiny_engine() -> AsyncIterator[Engine]:
+    # started, not entered: pytest-asyncio tears a fixture down in another task than set it up
+    engine = make_engine(num_blocks=64, limit=4)
+    await engine.start()
+    yield engine
+    await engine.aclose()
+
+
+def tiny_server(engine: Engine, **config: object) -> WebRTCServer:
+    config.setdefault("port", 0)
+    config.setdefault("max_reply_tokens", 12)
+    return WebRTCServer(engine, ServerConfig(**config), stt=FixedSTT(), tts=ToneTTS())  # type: ignore[arg-type]

@@ -1,0 +1,54 @@
+"""``metronome demo`` serves the page on loopback, stops cleanly on Ctrl-C, and says why it cannot listen."""
+
+from __future__ import annotations
+
+import signal
+import socket
+import subprocess
+import sys
+import urllib.request
+
+import pytest
+
+pytestmark = [pytest.mark.real_model, pytest.mark.timeout(120)]
+
+
+def _demo(*args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "metronome_sdk.cli", "demo", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+
+
+def test_metronome_demo_serves_the_page_and_stops_on_ctrl_c() -> None:
+    proc = _demo("--port", "0")
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # printed once the model, the voice and the socket are ready
+        assert line.startswith("voice demo on http://127.0.0.1:"), line
+        url = line.split()[3]
+        with urllib.request.urlopen(url, timeout=10) as resp:
+            assert resp.status == 200 and b'id="start"' in resp.read()
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 0, err
+    assert "stopped: every peer connection and session closed" in err
+    assert "Traceback" not in err
+
+
+def test_metronome_demo_names_a_port_it_cannot_take() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = _demo("--port", str(port))
+        _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 2
+    assert f"metronome: error: cannot listen on 127.0.0.1:{port}" in err
+    assert "Traceback" not in err
