@@ -187,9 +187,11 @@ class ReliabilityConfig:
     ``EngineStalled(reason="step_failed")`` with its frame handed back.
 
     Stuck steps: the watchdog declares a step stuck when it has run ``watchdog`` x the
-    frame deadline; every frame waiting on it gets ``EngineStalled(reason="step_stuck")``
-    at once. Each further ``watchdog`` x deadline it stays stuck counts as one more
-    failed tick.
+    frame deadline, and at least ``watchdog_floor`` seconds; every frame waiting on it
+    gets ``EngineStalled(reason="step_stuck")`` at once. Each further such period it
+    stays stuck counts as one more failed tick. The floor (default 5 s) keeps a merely
+    slow step from being called stuck: a real model's prefill chunk on a loaded CPU can
+    take a second, and such a frame is late (admission's business), not hung.
 
     ``max_failed_ticks`` failed ticks in a row (failed steps or stuck periods) shut the
     engine down: every session ends with ``EngineStalled(reason="engine_failed")``.
@@ -199,6 +201,7 @@ class ReliabilityConfig:
     slow_consumer: Literal["shed", "drop_oldest"] = "shed"
     step_retries: int = 1
     watchdog: float = 4.0
+    watchdog_floor: float = 5.0
     max_failed_ticks: int = 3
 
     def __post_init__(self) -> None:
@@ -214,5 +217,13 @@ class ReliabilityConfig:
             raise ValueError(
                 f"watchdog must be >= 1 (a multiple of the frame deadline), got {self.watchdog!r}; "
                 "a step is not stuck before its frame is late; try watchdog=4.0"
+            )
+        if (
+            isinstance(self.watchdog_floor, bool)
+            or not isinstance(self.watchdog_floor, int | float)
+            or not (0 <= self.watchdog_floor < math.inf)
+        ):
+            raise ValueError(
+                f"watchdog_floor must be a finite number of seconds >= 0, got {self.watchdog_floor!r}; try 5.0"
             )
         _positive_int("max_failed_ticks", self.max_failed_ticks, "try max_failed_ticks=3")

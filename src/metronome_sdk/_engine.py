@@ -601,7 +601,7 @@ class Engine:
         try:
             work = [(e.session._seq_id, e.session._sampling, e.tokens, e.finishes) for e in entries]
             job = self._worker.submit(self._work, work)
-            limit = self.reliability.watchdog * self.timing.frame_deadline
+            limit = max(self.reliability.watchdog * self.timing.frame_deadline, self.reliability.watchdog_floor)
             returned = await watch(
                 job,
                 clock=anyio.current_time,  # real time, as the metronome paces ticks: a stuck thread is wall-clock
@@ -937,6 +937,8 @@ class Engine:
         return max(0.0, sum(g for _, g, _ in self._growth) / session_seconds)
 
     def _t_sat(self) -> float | None:
+        if self._session_blocks is not None:
+            return None  # bounded sessions: the memory guard keeps the pool from ever filling
         r, n = self._growth_rate(), len(self._sessions)
         if r <= 0 or n == 0:
             return None

@@ -190,6 +190,7 @@ CONFIGS: dict[str, tuple[Any, dict[str, Any]]] = {
             "slow_consumer": lambda v: v in ("shed", "drop_oldest"),
             "step_retries": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 0,
             "watchdog": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 1 <= v < math.inf,
+            "watchdog_floor": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < math.inf,
             "max_failed_ticks": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
         },
     ),

@@ -157,7 +157,9 @@ WATCHED = TimingConfig(period=0.001, deadline=0.02, max_chunk_tokens=8)
 async def test_the_watchdog_answers_a_stuck_step_at_once_and_the_engine_recovers(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    engine = make_engine(timing=WATCHED, reliability=ReliabilityConfig(watchdog=2.0, max_failed_ticks=1000))
+    engine = make_engine(
+        timing=WATCHED, reliability=ReliabilityConfig(watchdog=2.0, watchdog_floor=0.0, max_failed_ticks=1000)
+    )
     async with engine, engine.session() as a, engine.session() as late:
         await a.step(FRAME)
         real = engine.core.step
@@ -188,7 +190,9 @@ async def test_the_watchdog_answers_a_stuck_step_at_once_and_the_engine_recovers
 async def test_a_step_stuck_for_good_shuts_the_engine_down_and_abandons_its_thread(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    engine = make_engine(timing=WATCHED, reliability=ReliabilityConfig(watchdog=2.0, max_failed_ticks=3))
+    engine = make_engine(
+        timing=WATCHED, reliability=ReliabilityConfig(watchdog=2.0, watchdog_floor=0.0, max_failed_ticks=3)
+    )
     held = HeldStep(None)
     try:
         async with engine, engine.session() as a, engine.session() as b:
@@ -220,7 +224,9 @@ async def test_a_step_stuck_for_good_shuts_the_engine_down_and_abandons_its_thre
 async def test_closing_the_engine_during_a_stuck_step_returns_without_the_step(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    engine = make_engine(timing=WATCHED, reliability=ReliabilityConfig(watchdog=2.0, max_failed_ticks=1000))
+    engine = make_engine(
+        timing=WATCHED, reliability=ReliabilityConfig(watchdog=2.0, watchdog_floor=0.0, max_failed_ticks=1000)
+    )
     held = HeldStep(None)
     try:
         async with engine:

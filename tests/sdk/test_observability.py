@@ -118,3 +118,15 @@ def test_the_library_does_not_configure_logging() -> None:
     assert not logging.getLogger().handlers or all(
         type(h).__module__.startswith("_pytest") for h in logging.getLogger().handlers
     )
+
+
+async def test_bounded_sessions_predict_no_saturation() -> None:
+    clock = FakeClock()
+    engine = make_engine(KVPolicy.windowed(8, sinks=4), num_blocks=64, clock=clock)
+    async with engine, engine.session() as s:
+        for _ in range(6):
+            clock.advance(1.0)
+            await s.step(FRAME)
+        stats = engine.stats()
+        assert stats.growth_rate > 0  # the window is still filling ...
+        assert stats.t_sat is None  # ... but the guard keeps the pool from ever filling
