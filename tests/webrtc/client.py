@@ -7,6 +7,7 @@ and talks until it is killed: the peer that vanishes without hanging up.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import sys
 import time
@@ -21,6 +22,7 @@ import numpy as np
 import numpy.typing as npt
 from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
+from aiortc.rtcsctptransport import DataChunk
 
 from metronome_sdk.voice._audio import level_dbfs, resample
 
@@ -38,6 +40,11 @@ class Microphone(MediaStreamTrack):
         self._speech = speech if speech is not None else np.zeros(0, dtype=np.int16)
         self._pos = 0
         self._start: float | None = None
+
+    def say(self, speech: npt.NDArray[np.int16]) -> None:
+        """Speak ``speech`` from now on (after what is still to be said)."""
+        pad = np.zeros(max(0, self._pos - self._speech.size), dtype=np.int16)
+        self._speech = np.concatenate([self._speech, pad, speech])
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
@@ -80,16 +87,19 @@ class Call:
     def __init__(self, speech: npt.NDArray[np.int16] | None = None) -> None:
         self.pc = RTCPeerConnection()
         self.events: list[dict[str, Any]] = []
+        self.arrivals: list[float] = []  # time.monotonic() of each event
         self.changed = asyncio.Event()
         self.loud_seconds = 0.0  # reply audio above -40 dBFS
         self.max_dbfs = -100.0
         self.channel = self.pc.createDataChannel("events")
         self.channel.on("message", self._on_message)
-        self.pc.addTrack(Microphone(speech))
+        self.microphone = Microphone(speech)
+        self.pc.addTrack(self.microphone)
         self.pc.on("track", lambda track: asyncio.ensure_future(self._listen(track)))
 
     def _on_message(self, message: str | bytes) -> None:
         self.events.append(json.loads(message))
+        self.arrivals.append(time.monotonic())
         self.changed.set()
 
     async def _listen(self, track: MediaStreamTrack) -> None:
@@ -126,6 +136,31 @@ class Call:
             while not done():
                 self.changed.clear()
                 await self.changed.wait()
+
+    def stats_gaps(self, since: float) -> list[float]:
+        """Seconds between the ``stats`` events that came after ``since`` (the server sends two a second)."""
+        times = [t for e, t in zip(self.events, self.arrivals, strict=True) if e.get("type") == "stats" and t >= since]
+        return [b - a for a, b in itertools.pairwise(times)]
+
+    def go_dark(self) -> None:
+        """Vanish from the network without a word (no BYE, no DTLS close): close the ICE sockets."""
+        dtls = self.pc.sctp.transport if self.pc.sctp is not None else None
+        assert dtls is not None, "not connected"
+        for protocol in dtls.transport._connection._protocols:
+            if protocol.transport is not None:
+                protocol.transport.close()
+
+    def stop_reading(self) -> None:
+        """Stay connected and keep talking, but never read (nor acknowledge) what comes on the data channel."""
+        sctp = self.pc.sctp
+        assert sctp is not None, "not connected"
+        receive_chunk = sctp._receive_chunk
+
+        async def deaf(chunk: Any) -> None:
+            if not isinstance(chunk, DataChunk):
+                await receive_chunk(chunk)
+
+        sctp._receive_chunk = deaf  # type: ignore[method-assign]
 
     async def close(self) -> None:
         await self.pc.close()

@@ -3,16 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import aiohttp
 import pytest
-from structlog.testing import capture_logs
 
 from metronome_sdk import AdmissionConfig, Engine
 from metronome_sdk.webrtc import ServerConfig
@@ -22,13 +16,13 @@ from tests.webrtc.conftest import tiny_server
 
 pytestmark = pytest.mark.timeout(60)
 
-ROOT = Path(__file__).resolve().parents[2]
-
 
 async def _post(
     url: str, body: object = None, *, data: bytes | None = None, token: str | None = None
 ) -> tuple[int, dict[str, object], dict[str, str]]:
     headers = {"Authorization": f"Bearer {token}"} if token else {}
+    if data is not None:
+        headers["Content-Type"] = "application/json"
     async with aiohttp.ClientSession() as http:
         kwargs: dict[str, object] = {"data": data} if data is not None else {"json": body}
         async with http.post(url + "offer", headers=headers, **kwargs) as resp:  # type: ignore[arg-type]
@@ -90,7 +84,11 @@ async def test_an_oversized_body_is_413(tiny_engine: Engine) -> None:
             for _ in range(10):
                 yield b"x" * 1000
 
-        async with aiohttp.ClientSession() as http, http.post(server.url + "offer", data=chunks()) as resp:
+        json_type = {"Content-Type": "application/json"}
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(server.url + "offer", data=chunks(), headers=json_type) as resp,
+        ):
             assert resp.status == 413
             assert (await resp.json())["error"] == "request_entity_too_large"
 
@@ -150,35 +148,6 @@ async def test_a_client_that_hangs_up_closes_its_session(tiny_engine: Engine) ->
             while server.peers or tiny_engine.stats().sessions:
                 await asyncio.sleep(0.05)
         assert tiny_engine.stats().used_blocks == 0
-
-
-async def test_a_vanished_client_closes_its_session_and_returns_its_blocks(tiny_engine: Engine) -> None:
-    before = tiny_engine.stats()
-    async with tiny_server(tiny_engine, media_timeout=1.5) as server:
-        # a client in another process that has talked (its session holds blocks), then is killed without a word
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.webrtc.client", server.url], cwd=ROOT, stdout=subprocess.PIPE, text=True
-        )
-        try:
-            assert proc.stdout is not None
-            line = await asyncio.wait_for(asyncio.to_thread(proc.stdout.readline), 40)
-            assert line.strip() == "answered"
-            during = tiny_engine.stats()
-            assert during.sessions == 1
-            assert during.used_blocks > before.used_blocks
-        finally:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
-            if proc.stdout is not None:
-                proc.stdout.close()
-        with capture_logs() as logs:
-            async with asyncio.timeout(15):
-                while server.peers or tiny_engine.stats().sessions:
-                    await asyncio.sleep(0.05)
-        assert any(e["event"] == "webrtc.peer_vanished" for e in logs)
-        after = tiny_engine.stats()
-        assert after.sessions == before.sessions == 0
-        assert after.used_blocks == before.used_blocks
 
 
 def test_server_config_checks_its_fields_and_hides_the_token() -> None:

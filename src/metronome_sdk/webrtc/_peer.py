@@ -37,6 +37,17 @@ class WebRTCPeer:
     the data channel the peer opened. A peer that sends no audio for ``media_timeout``
     seconds has vanished: ``receive_audio`` raises ``SessionBroken``. ``aclose`` lets
     queued events reach the peer (up to ``close_grace`` seconds), then closes the connection.
+
+    How the call ends is in ``ended_by``; ``receive_audio`` says it to the pipeline:
+
+    - ``anyio.EndOfStream`` when the peer hung up: ``"bye"``, ``"channel_closed"`` (its
+      data channel closed mid-call: events can no longer reach it), ``"connection_closed"``,
+      ``"track_ended"``, or ``"closed_locally"`` (``aclose``);
+    - ``SessionBroken`` when something outside died, with ``reason``: ``"ice_failed"``
+      (the connection went to ``failed``: ICE or DTLS), ``"peer_vanished"`` (no audio for
+      ``media_timeout``), ``"slow_consumer"`` (more than ``max_buffered`` bytes of events
+      wait for the peer to read them: the peer is shed, since a peer that stopped reading
+      would otherwise make the server buffer without bound).
     """
 
     def __init__(
@@ -46,14 +57,20 @@ class WebRTCPeer:
         frame_seconds: float = 0.08,
         media_timeout: float = 10.0,
         close_grace: float = 0.5,
+        max_buffered: int = 256 << 10,
         session_id: int | None = None,
     ) -> None:
         if not media_timeout > 0:
             raise ValueError(f"media_timeout must be > 0 seconds, got {media_timeout!r}; try 10")
+        if isinstance(max_buffered, bool) or not isinstance(max_buffered, int) or max_buffered < 1:
+            raise ValueError(f"max_buffered must be an int >= 1 (bytes), got {max_buffered!r}; try 262144")
         self.sample_rate = sample_rate
         self.frame_samples = round(sample_rate * frame_seconds)
         self.media_timeout = media_timeout
         self.close_grace = close_grace
+        self.max_buffered = max_buffered
+        self.session_id = session_id
+        self.ended_by: str | None = None
         self.pc = RTCPeerConnection()
         self.reply = ReplyAudioTrack()
         self.channel: RTCDataChannel | None = None
@@ -65,6 +82,7 @@ class WebRTCPeer:
         self._channel_open = asyncio.Event()
         self._microphone: MediaStreamTrack | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+        self._hang_up: asyncio.Future[None] | None = None
         self.pc.on("track", self._on_track)
         self.pc.on("datachannel", self._on_datachannel)
         self.pc.on("connectionstatechange", self._on_state)
@@ -80,6 +98,8 @@ class WebRTCPeer:
             raise ValueError("the offer carries no audio track to listen to; offer a microphone (sendrecv audio)")
         self.pc.addTrack(self.reply)
         await self.pc.setLocalDescription(await self.pc.createAnswer())
+        for dtls in {id(t.receiver.transport): t.receiver.transport for t in self.pc.getTransceivers()}.values():
+            dtls.on("statechange", lambda dtls=dtls: self._on_dtls_state(dtls))
         answer = self.pc.localDescription
         assert answer is not None
         return answer
@@ -104,7 +124,7 @@ class WebRTCPeer:
         self.channel = channel
         channel.on("open", self._flush)
         channel.on("message", self._on_message)
-        channel.on("close", lambda: self._end(anyio.EndOfStream()))
+        channel.on("close", lambda: self._end(anyio.EndOfStream(), "channel_closed"))
         if channel.readyState == "open":
             self._flush()
 
@@ -114,15 +134,21 @@ class WebRTCPeer:
         except (ValueError, UnicodeDecodeError):
             return
         if isinstance(event, dict) and event.get("type") == "bye":
-            self._end(anyio.EndOfStream())
+            self._end(anyio.EndOfStream(), "bye")
 
     def _on_state(self) -> None:
         state = self.pc.connectionState
         self._log.info("webrtc.connection", state=state)
         if state == "failed":
-            self._end(SessionBroken("the peer connection failed (ICE or DTLS)"))
+            self._end(self._broken("the peer connection failed (ICE or DTLS)", "ice_failed"), "ice_failed")
         elif state == "closed":
-            self._end(anyio.EndOfStream())
+            self._end(anyio.EndOfStream(), "connection_closed")
+
+    def _on_dtls_state(self, dtls: Any) -> None:
+        # aiortc reports an ICE connection that died (consent expired, RFC 7675) as DTLS "closed", then
+        # closes the peer connection: "closed", like a hang-up. Tell them apart while the ICE side still shows it.
+        if dtls.state == "closed" and not self.closed and getattr(dtls.transport._connection, "_closing", False):
+            self._end(self._broken("the peer connection failed: ICE consent expired", "ice_failed"), "ice_failed")
 
     # microphone ----------------------------------------------------------------------------------
 
@@ -133,10 +159,15 @@ class WebRTCPeer:
             self._inbox.get_nowait()  # a pipeline this far behind loses the oldest audio, not the newest
         self._inbox.put_nowait(item)
 
-    def _end(self, why: BaseException) -> None:
+    def _broken(self, message: str, reason: str) -> SessionBroken:
+        return SessionBroken(message, session_id=self.session_id, reason=reason)
+
+    def _end(self, why: BaseException, reason: str) -> None:
         if not self._ended:
             self._put(why)
             self._ended = True
+            self.ended_by = reason
+            self._log.info("webrtc.peer_ended", reason=reason)
 
     async def _read(self, track: MediaStreamTrack) -> None:
         resampler = StreamResampler(self.sample_rate)
@@ -146,10 +177,11 @@ class WebRTCPeer:
                 frame = await asyncio.wait_for(track.recv(), self.media_timeout)
             except TimeoutError:
                 self._log.warning("webrtc.peer_vanished", silent_for=self.media_timeout)
-                self._end(SessionBroken(f"no audio from the peer for {self.media_timeout:g} s: it vanished"))
+                message = f"no audio from the peer for {self.media_timeout:g} s: it vanished"
+                self._end(self._broken(message, "peer_vanished"), "peer_vanished")
                 return
             except MediaStreamError:
-                self._end(anyio.EndOfStream())
+                self._end(anyio.EndOfStream(), "track_ended")
                 return
             if not isinstance(frame, av.AudioFrame):
                 continue
@@ -178,11 +210,17 @@ class WebRTCPeer:
             self.reply.enqueue(samples, sample_rate)
 
     async def send_event(self, event: Event) -> None:
-        if self.closed:
+        if self.closed or self.ended_by == "slow_consumer":
             return
         text = json.dumps(event, default=str)
         channel = self.channel
         if channel is not None and channel.readyState == "open":
+            if channel.bufferedAmount > self.max_buffered:
+                # the peer stopped reading (aiortc would queue without bound): shed it, as the engine sheds
+                self._log.warning("webrtc.slow_consumer", buffered=channel.bufferedAmount, limit=self.max_buffered)
+                unread = f"the peer left {channel.bufferedAmount} bytes of events unread (limit {self.max_buffered})"
+                self._end(self._broken(unread, "slow_consumer"), "slow_consumer")
+                return
             self._flush()
             channel.send(text)
         else:
@@ -197,28 +235,34 @@ class WebRTCPeer:
             channel.send(self._pending.popleft())
 
     async def aclose(self) -> None:
-        """Hang up: stop the reply track, let queued events out, close the connection."""
-        if self.closed:
-            return
-        self.closed = True
-        self.reply.stop()
-        with anyio.CancelScope(shield=True):
-            if self._pending and self.pc.connectionState in ("new", "connecting", "connected"):
-                # events sent before the peer's data channel opened (an early failure): wait for it a little
-                with anyio.move_on_after(_CONNECT_GRACE):
-                    await self._channel_open.wait()
-                self._flush()
-            channel = self.channel
-            if channel is not None and channel.readyState == "open" and self.close_grace > 0:
-                with anyio.move_on_after(self.close_grace):
-                    while channel.bufferedAmount > 0:
-                        await asyncio.sleep(0.01)
-                    await asyncio.sleep(min(0.1, self.close_grace))  # the last packets' flight
-            await self.pc.close()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-        self._end(anyio.EndOfStream())
+        """Hang up: stop the reply track, let queued events out, close the connection.
+
+        Every call waits for the same hang-up; a caller that is cancelled does not cut it short.
+        """
+        if self._hang_up is None:
+            self.closed = True
+            self._end(anyio.EndOfStream(), "closed_locally")  # unless the peer ended the call first
+            self.reply.stop()
+            self._hang_up = asyncio.ensure_future(self._close())
+        # shielded: a cancelled caller must not cancel aiortc's close half-way (its close() then breaks)
+        await asyncio.shield(self._hang_up)
+
+    async def _close(self) -> None:
+        if self._pending and self.pc.connectionState in ("new", "connecting", "connected"):
+            # events sent before the peer's data channel opened (an early failure): wait for it a little
+            with anyio.move_on_after(_CONNECT_GRACE):
+                await self._channel_open.wait()
+            self._flush()
+        channel = self.channel
+        if channel is not None and channel.readyState == "open" and self.close_grace > 0:
+            with anyio.move_on_after(self.close_grace):
+                while channel.bufferedAmount > 0:
+                    await asyncio.sleep(0.01)
+                await asyncio.sleep(min(0.1, self.close_grace))  # the last packets' flight
+        await self.pc.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def __repr__(self) -> str:
         return f"WebRTCPeer(state={self.pc.connectionState!r}, closed={self.closed})"

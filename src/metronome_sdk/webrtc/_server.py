@@ -1,9 +1,11 @@
 """The signaling server (aiohttp): ``POST /offer`` opens a session per peer; ``/`` serves the demo page.
 
 Bad input is answered with a status and a JSON reason, never a 500 or a traceback:
-401 for a missing or wrong bearer token, 413 for an oversized body, 400 for a body that
-is not an offer or an SDP that cannot be served, 503 with ``Retry-After`` when the peer
-cap is reached or admission refuses the session.
+401 for a missing or wrong bearer token, 413 for an oversized body, 415 for a body that
+is not sent as ``application/json``, 400 for a body that is not an offer or an SDP that
+cannot be served, 429 with ``Retry-After`` when one client address sends too many offers,
+503 with ``Retry-After`` when the peer cap is reached or admission refuses the session.
+Cross-origin requests are refused unless ``ServerConfig.allow_origins`` names the origin.
 """
 
 from __future__ import annotations
@@ -12,6 +14,8 @@ import asyncio
 import hmac
 import json
 import math
+import time
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib import resources
@@ -45,7 +49,13 @@ class ServerConfig:
     caps a request body (bytes; an SDP offer is a few KiB); ``max_peers`` caps the peers
     connected at once, whatever admission would allow; ``busy_retry_after`` is the
     ``Retry-After`` sent when that cap is hit. ``media_timeout``: a peer that sends no
-    audio for that long has vanished, and its session is closed.
+    audio for that long has vanished, and its session is closed. ``max_buffered``: a peer
+    that leaves more than that many bytes of events unread is shed (``SessionBroken``,
+    ``reason="slow_consumer"``). ``offers_per_client`` offers per ``offer_window`` seconds
+    are taken from one client address (every ``POST /offer`` counts, refused or not, so a
+    token cannot be guessed quickly); more get 429 with ``Retry-After``.
+    ``allow_origins``: the web origins (``"https://app.example"``) whose pages may call
+    the server cross-origin; none by default, so browsers refuse cross-origin calls.
     """
 
     host: str = "127.0.0.1"
@@ -55,6 +65,10 @@ class ServerConfig:
     max_body: int = 64 << 10
     busy_retry_after: float = 5.0
     media_timeout: float = 10.0
+    max_buffered: int = 256 << 10
+    offers_per_client: int = 20
+    offer_window: float = 60.0
+    allow_origins: tuple[str, ...] = ()
     system_prompt: str | None = DEFAULT_PROMPT
     max_reply_tokens: int = 48
     demo_page: bool = True
@@ -68,7 +82,19 @@ class ServerConfig:
             raise ValueError(f"max_peers must be an int >= 1, got {self.max_peers!r}; try 8")
         if isinstance(self.max_body, bool) or not isinstance(self.max_body, int) or self.max_body < 1024:
             raise ValueError(f"max_body must be an int >= 1024 bytes, got {self.max_body!r}; try 65536")
-        for name in ("busy_retry_after", "media_timeout"):
+        for name in ("max_buffered", "offers_per_client"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not isinstance(self.allow_origins, tuple) or not all(
+            isinstance(o, str) and o.startswith(("http://", "https://")) and o.count("/") == 2
+            for o in self.allow_origins
+        ):
+            raise ValueError(
+                f"allow_origins must be a tuple of origins like 'https://app.example' (no '*', no path), "
+                f"got {self.allow_origins!r}"
+            )
+        for name in ("busy_retry_after", "media_timeout", "offer_window"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
                 raise ValueError(f"{name} must be a finite number > 0 (seconds), got {value!r}")
@@ -77,7 +103,8 @@ class ServerConfig:
         token = "set" if self.token else "none"
         return (
             f"ServerConfig(host={self.host!r}, port={self.port}, token={token}, max_peers={self.max_peers}, "
-            f"max_body={self.max_body})"
+            f"max_body={self.max_body}, offers_per_client={self.offers_per_client}/{self.offer_window:g}s, "
+            f"allow_origins={self.allow_origins!r})"
         )
 
 
@@ -139,9 +166,12 @@ class WebRTCServer:
         self._opening = 0
         self._closing = False
         self._runner: web.AppRunner | None = None
+        self._offers: dict[str, deque[float]] = {}  # client address -> times of its offers in the window
         self.port: int | None = None
         self.app = web.Application(client_max_size=self.config.max_body, middlewares=[_json_errors])
         self.app.router.add_post("/offer", self._offer)
+        self.app.router.add_route("OPTIONS", "/offer", self._preflight)
+        self.app.on_response_prepare.append(self._cors_headers)
         if self.config.demo_page:
             self.app.router.add_get("/", self._page("index.html", "text/html"))
             self.app.router.add_get("/client.js", self._page("client.js", "application/javascript"))
@@ -216,19 +246,71 @@ class WebRTCServer:
 
         return serve
 
+    def _allowed_origin(self, request: web.Request) -> str | None:
+        origin = request.headers.get("Origin")
+        return origin if origin is not None and origin in self.config.allow_origins else None
+
+    async def _cors_headers(self, request: web.Request, response: web.StreamResponse) -> None:
+        origin = self._allowed_origin(request)
+        if origin is not None:
+            response.headers["Access-Control-Allow-Origin"] = origin
+            response.headers["Vary"] = "Origin"
+            response.headers["Access-Control-Expose-Headers"] = "Retry-After"
+
+    async def _preflight(self, request: web.Request) -> web.Response:
+        if self._allowed_origin(request) is None:
+            return _refuse(403, "origin_not_allowed", "cross-origin requests are refused (see allow_origins)")
+        return web.Response(
+            status=204,
+            headers={
+                "Access-Control-Allow-Methods": "POST",
+                "Access-Control-Allow-Headers": "Authorization, Content-Type",
+                "Access-Control-Max-Age": "600",
+            },
+        )
+
     def _authorized(self, request: web.Request) -> bool:
         token = self.config.token
         if token is None:
             return True
         scheme, _, given = request.headers.get("Authorization", "").partition(" ")
         # compare in constant time, and always compare, so timing tells nothing about the token
-        return hmac.compare_digest(given.strip().encode(), token.encode()) and scheme.lower() == "bearer"
+        expected = token.encode()
+        given_bytes = given.strip().encode("utf-8", "surrogateescape")  # aiohttp keeps odd header bytes so
+        return hmac.compare_digest(given_bytes, expected) and scheme.lower() == "bearer"
+
+    def _rate_limited(self, request: web.Request) -> float | None:
+        """Count this offer against its client address; the seconds to wait if over the limit."""
+        now = time.monotonic()
+        window = self.config.offer_window
+        if len(self._offers) > 4096:  # many addresses: forget the ones that have gone quiet
+            for address in [a for a, times in self._offers.items() if not times or times[-1] <= now - window]:
+                del self._offers[address]
+        times = self._offers.setdefault(request.remote or "unknown", deque())
+        while times and times[0] <= now - window:
+            times.popleft()
+        if len(times) >= self.config.offers_per_client:
+            return times[0] + window - now
+        times.append(now)
+        return None
 
     async def _offer(self, request: web.Request) -> web.Response:
+        wait = self._rate_limited(request)
+        if wait is not None:
+            self._log.warning("webrtc.client_rate_limited", limit=self.config.offers_per_client)
+            return _refuse(
+                429,
+                "too_many_offers",
+                f"at most {self.config.offers_per_client} offers per {self.config.offer_window:g} s from one address",
+                _retry_after(wait),
+            )
         if not self._authorized(request):
             return _refuse(401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"})
         if request.content_length is not None and request.content_length > self.config.max_body:
             return _refuse(413, "too_large", f"the body may hold at most {self.config.max_body} bytes")
+        if request.content_type != "application/json":
+            # also what makes a cross-origin page's POST need a preflight, which is refused by default
+            return _refuse(415, "unsupported_media_type", "send the offer as Content-Type: application/json")
         if self._closing:
             return _refuse(
                 503, "shutting_down", "the server is shutting down", _retry_after(self.config.busy_retry_after)
@@ -257,7 +339,9 @@ class WebRTCServer:
             return _refuse(503, "admission_rejected", str(exc), _retry_after(exc.retry_after))
         except SessionClosed as exc:
             return _refuse(503, "engine_closed", str(exc), _retry_after(self.config.busy_retry_after))
-        peer = WebRTCPeer(media_timeout=self.config.media_timeout, session_id=session.id)
+        peer = WebRTCPeer(
+            media_timeout=self.config.media_timeout, max_buffered=self.config.max_buffered, session_id=session.id
+        )
         try:
             answer = await peer.accept(offer)
         except asyncio.CancelledError:
@@ -284,7 +368,8 @@ class WebRTCServer:
                 )
                 await agent.run()
         except MetronomeError as exc:
-            self._log.warning("webrtc.session_failed", session_id=session.id, error=type(exc).__name__)
+            reason = getattr(exc, "reason", None)
+            self._log.warning("webrtc.session_failed", session_id=session.id, error=type(exc).__name__, reason=reason)
             if not isinstance(exc, SessionBroken):  # a handler of the user's may not have said so (the agent has)
                 await peer.send_event(error_event(exc))
                 await peer.send_event({"type": "closed", "reason": type(exc).__name__})
@@ -301,7 +386,7 @@ class WebRTCServer:
         await peer.aclose()
         await session.aclose()
         self._peers.pop(peer, None)
-        self._log.info("webrtc.peer_closed", session_id=session.id, peers=len(self._peers))
+        self._log.info("webrtc.peer_closed", session_id=session.id, peers=len(self._peers), ended_by=peer.ended_by)
 
     def __repr__(self) -> str:
         state = "listening" if self._runner is not None else "stopped"

@@ -26,17 +26,27 @@ class ReplyAudioTrack(MediaStreamTrack):
     replies the track carries silence (the peer is listening, and RTP must keep flowing);
     when the session fails the track is stopped, so ``recv()`` ends with
     ``MediaStreamError`` instead of going on with silence as if all were well.
+
+    The queue holds at most ``max_queued_seconds`` of speech: a voice that speaks faster
+    than the track plays drops its oldest queued speech (counted in ``samples_dropped``),
+    so memory stays bounded and the peer hears the latest words, not words from long ago.
     """
 
     kind = "audio"
 
-    def __init__(self, *, sample_rate: int = 48000, frame_seconds: float = 0.02) -> None:
+    def __init__(
+        self, *, sample_rate: int = 48000, frame_seconds: float = 0.02, max_queued_seconds: float = 30.0
+    ) -> None:
+        if not 0 < max_queued_seconds < float("inf"):
+            raise ValueError(f"max_queued_seconds must be a finite number > 0, got {max_queued_seconds!r}; try 30")
         super().__init__()
         self.sample_rate = sample_rate
         self.samples_per_frame = round(sample_rate * frame_seconds)
         self._time_base = Fraction(1, sample_rate)
         self._queue: deque[npt.NDArray[np.int16]] = deque()
         self._queued = 0
+        self.max_queued = round(max_queued_seconds * sample_rate)
+        self.samples_dropped = 0
         self._start: float | None = None
         self._pts = 0
         self.samples_sent = 0  # of queued speech, not of silence
@@ -51,6 +61,17 @@ class ReplyAudioTrack(MediaStreamTrack):
         if pcm.size:
             self._queue.append(pcm)
             self._queued += pcm.size
+        while self._queued > self.max_queued:  # drop the oldest speech, never grow without bound
+            excess = self._queued - self.max_queued
+            head = self._queue[0]
+            if head.size <= excess:
+                self._queue.popleft()
+                cut = head.size
+            else:
+                self._queue[0] = head[excess:]
+                cut = excess
+            self._queued -= cut
+            self.samples_dropped += cut
 
     def clear(self) -> None:
         """Drop queued speech (a barge-in)."""
