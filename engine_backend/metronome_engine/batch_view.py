@@ -23,7 +23,7 @@ from .sequence import SequenceKV
 __all__ = ["BatchView", "HOLE"]
 
 HOLE = -1  # logical id of a view block whose tokens left the cache
-_HEADROOM = 8  # spare blocks per row, so appends and holes fit without copying the row again
+_HEADROOM = 2  # spare blocks per row, so appends and holes fit without copying the row again
 
 
 class BatchView:
