@@ -259,10 +259,12 @@ class WebRTCPeer:
                 while channel.bufferedAmount > 0:
                     await asyncio.sleep(0.01)
                 await asyncio.sleep(min(0.1, self.close_grace))  # the last packets' flight
-        await self.pc.close()
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        try:
+            await self.pc.close()
+        finally:  # even when aiortc fails to close a half-built connection, our tasks end
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
 
     def __repr__(self) -> str:
         return f"WebRTCPeer(state={self.pc.connectionState!r}, closed={self.closed})"

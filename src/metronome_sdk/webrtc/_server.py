@@ -350,8 +350,12 @@ class WebRTCServer:
             raise
         except Exception as exc:  # what aiortc raises for an offer it cannot take (ValueError, KeyError...)
             self._log.info("webrtc.bad_offer", error=repr(exc))
-            await peer.aclose()
-            await session.aclose()
+            try:
+                await peer.aclose()
+            except Exception:  # aiortc may fail to close a connection its bad offer left half-built
+                self._log.info("webrtc.bad_offer_close_failed", exc_info=True)
+            finally:
+                await session.aclose()
             return _refuse(400, "bad_offer", f"the offer cannot be served: {_short(exc)}")
         self._peers[peer] = asyncio.ensure_future(self._serve(peer, session))
         self._log.info("webrtc.peer_opened", session_id=session.id, peers=len(self._peers))
