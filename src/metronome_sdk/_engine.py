@@ -942,7 +942,8 @@ class Engine:
         r, n = self._growth_rate(), len(self._sessions)
         if r <= 0 or n == 0:
             return None
-        return max(0.0, (1.0 - self._pool.occupancy) / (n * r))
+        # r is blocks per second per session: the free blocks, not the free fraction, run out
+        return max(0.0, (self._pool.num_blocks - self._pool.used_blocks) / (n * r))
 
     def stats(self) -> EngineStats:
         admitter = self._admitter

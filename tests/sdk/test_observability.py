@@ -60,7 +60,7 @@ async def test_stats_predict_saturation_from_measured_growth() -> None:
         assert stats.growth_rate == pytest.approx(1.0)  # r: blocks per second per session
         assert stats.used_blocks == 6
         assert stats.occupancy == pytest.approx(6 / 64)
-        assert stats.t_sat == pytest.approx((1 - 6 / 64) / (1 * 1.0))
+        assert stats.t_sat == pytest.approx((64 - 6) / (1 * 1.0))  # 58 free blocks at one block a second
         assert stats.latency_p50 == 0.0 and stats.latency_p99 == 0.0
         assert (stats.frames, stats.ticks, stats.sessions) == (6, 6, 1)
     assert engine.stats().t_sat is None  # no sessions: nothing fills the pool

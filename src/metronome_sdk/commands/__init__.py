@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 from ._base import Command
+from .bench_admit import BENCH_ADMIT
+from .bench_cliff import BENCH_CLIFF
 from .bench_step import BENCH_STEP
+from .bench_sweep import BENCH_SWEEP
 from .demo import DEMO
 from .eval_ppl import EVAL_PPL
 from .eval_quality import EVAL_QUALITY
 
 __all__ = ["COMMANDS", "Command"]
 
-COMMANDS: tuple[Command, ...] = (DEMO, EVAL_PPL, EVAL_QUALITY, BENCH_STEP)
+COMMANDS: tuple[Command, ...] = (DEMO, EVAL_PPL, EVAL_QUALITY, BENCH_STEP, BENCH_CLIFF, BENCH_SWEEP, BENCH_ADMIT)

@@ -1,0 +1,351 @@
+"""``bench cliff``: the same seeded workload under ``kv=full`` and ``kv=window``, run after run.
+
+The pool holds exactly what the window policy needs for every session at its bound, so the
+window can never stall; the full policy keeps every token, and whether a run falls off the
+cliff depends on a race between the pool filling and sessions leaving (metastable).
+
+The first-order model predicts when: ``t_sat = (1 - rho0) / (N * r)``. The prediction is made
+one tick after the last change of the number of open sessions before the stall (an arrival or
+a departure: the model assumes ``N`` constant; a departure's blocks are back in the pool one
+tick after the count drops), from that tick's occupancy ``rho0`` and ``N``,
+with ``r`` the nominal rate ``tokens_per_tick / (block_size * period)`` blocks per second per
+session, as a share of the pool (``rho`` is a share, so ``r`` is one too: blocks per second
+divided by the pool's blocks). The observed saturation time is the first tick with the pool
+full; the run's collapse is the first stall, usually one tick later. Nothing is fitted.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+
+from metronome_engine import EngineCore, KVPolicy
+from metronome_engine.model import LlamaModel
+
+from .._admission import percentile
+from .._config import AdmissionConfig, TimingConfig
+from .._engine import Engine
+from .workload import StreamSpec, WorkloadTrace, bench_model, plan_sessions, run_workload
+
+__all__ = [
+    "CliffConfig",
+    "CliffRun",
+    "Prediction",
+    "predict_at_last_change",
+    "run_cliff",
+    "summarize",
+    "t_sat",
+]
+
+Policy = Literal["full", "window"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class CliffConfig:
+    sessions: int = 8
+    runs: int = 20
+    period: float = 0.08  # Moshi's 12.5 Hz
+    tokens_per_frame: int = 8  # FixedRateCodec's default
+    window: int = 256
+    sinks: int = 4
+    block_size: int = 16
+    arrival_spread: float = 0.8  # seconds, before time_scale
+    duration: tuple[float, float] = (2.2, 7.0)  # seconds, before time_scale
+    seed: int = 0
+    model: str = "small"
+    silent: bool = False
+    concurrency: int = 5
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.sessions < 1 or self.runs < 1:
+            raise ValueError(f"sessions and runs must be >= 1, got {self.sessions} and {self.runs}")
+        if not self.time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+
+    @property
+    def spec(self) -> StreamSpec:
+        p = self.period * self.time_scale
+        # a run measures the pool: frames queue rather than drop, so every tick appends; the lead is
+        # wide because five engines share one event loop, and a frame that misses its tick stays behind
+        return StreamSpec(period=p, tokens_per_frame=self.tokens_per_frame, lead=0.25 * p, drop_late=False)
+
+    def policy(self, kind: Policy) -> KVPolicy:
+        return KVPolicy.full() if kind == "full" else KVPolicy.windowed(self.window, sinks=self.sinks)
+
+    @property
+    def session_bound(self) -> int:
+        bound = self.policy("window").max_blocks(self.block_size, chunk=self.spec.tokens_per_tick)
+        assert bound is not None
+        return bound
+
+    @property
+    def pool_blocks(self) -> int:
+        """Exactly the window's need: every session at its bound."""
+        return self.sessions * self.session_bound
+
+    @property
+    def blocks_per_second(self) -> float:
+        """Blocks per second one streaming session adds under the full policy."""
+        return self.spec.tokens_per_tick / (self.block_size * self.spec.period)
+
+    @property
+    def growth_rate(self) -> float:
+        """``r``: the share of the pool one streaming session adds per second under the full policy."""
+        return self.blocks_per_second / self.pool_blocks
+
+
+def t_sat(rho0: float, n: int, r: float) -> float:
+    """The first-order saturation time ``(1 - rho0) / (N * r)`` in seconds (``r``: pool share per second)."""
+    if n < 1 or r <= 0:
+        raise ValueError(f"t_sat needs n >= 1 sessions and r > 0, got n={n}, r={r}")
+    return max(0.0, 1.0 - rho0) / (n * r)
+
+
+@dataclass(frozen=True, slots=True)
+class Prediction:
+    made_at: float  # seconds into the run
+    rho0: float
+    sessions: int
+    predicted: float  # seconds after made_at
+    observed: float  # seconds after made_at
+
+    @property
+    def rel_err(self) -> float:
+        return abs(self.predicted - self.observed) / self.observed if self.observed > 0 else math.inf
+
+
+@dataclass(frozen=True, slots=True)
+class _Tick:
+    time: float
+    sessions: int
+    used: int
+    pool: int
+    stalled: int
+
+
+def predict_at_last_change(ticks: list[_Tick] | Any, r: float, start: float = 0.0) -> Prediction | None:
+    """The prediction made at the last change of the session count before the first stall, and the observed
+    saturation: the first tick after it with the pool full (or the stall, if it came first).
+
+    ``ticks`` are ``TickReport``-like (``time``, ``sessions``, ``used_blocks``/``used``,
+    ``pool_blocks``/``pool``, ``stalled``). ``None`` when nothing stalled.
+    """
+    rows = [_as_tick(t) for t in ticks]
+    stall = next((i for i, t in enumerate(rows) if t.stalled), None)
+    if stall is None:
+        return None
+    change = 0
+    for i in range(1, stall):
+        if rows[i].sessions != rows[i - 1].sessions:
+            change = i
+    # a departing session leaves the count at once but frees its blocks after the step in
+    # flight: the next tick is the first to show both, so the state is read there
+    at = rows[change + 1] if change > 0 and change + 1 < stall else rows[change]
+    if at.sessions < 1:
+        return None
+    rho0 = at.used / at.pool
+    # saturation is the pool reaching 1 (what the model predicts); the stall follows on the next
+    # tick that needs a block. A chunk that needs two blocks can stall with one still free.
+    saturated = next((i for i in range(stall) if rows[i].used >= rows[i].pool and rows[i].time > at.time), stall)
+    return Prediction(
+        made_at=at.time - start,
+        rho0=rho0,
+        sessions=at.sessions,
+        predicted=t_sat(rho0, at.sessions, r),
+        observed=rows[saturated].time - at.time,
+    )
+
+
+def _as_tick(t: Any) -> _Tick:
+    if isinstance(t, _Tick):
+        return t
+    stalled = t.stalled if isinstance(t.stalled, int) else len(t.stalled)
+    return _Tick(t.time, t.sessions, t.used_blocks, t.pool_blocks, stalled)
+
+
+@dataclass(slots=True)
+class CliffRun:
+    policy: Policy
+    run: int
+    collapsed: bool
+    stalls: int
+    frames: dict[str, int]
+    peak_occupancy: float
+    prediction: Prediction | None
+    dashboard_p50_ms: float | None  # what a latency dashboard shows: every answered frame, empty ones too
+    dashboard_p99_ms: float | None
+    deadline_misses: int
+    tick_interval_ms: float  # mean time between ticks (the period when the engine keeps time)
+    stalled_at: float | None = None  # seconds into the run of the first stall
+    occupancy: list[tuple[float, float]] = field(default_factory=list)  # (seconds, occupancy)
+    empty_share: list[tuple[float, float]] = field(default_factory=list)  # (seconds, share of frames empty)
+
+    def as_dict(self) -> dict[str, Any]:
+        p = self.prediction
+        return {
+            "policy": self.policy,
+            "run": self.run,
+            "collapsed": self.collapsed,
+            "stalls": self.stalls,
+            "frames": self.frames,
+            "peak_occupancy": round(self.peak_occupancy, 4),
+            "t_sat_observed_s": None if p is None else round(p.observed, 4),
+            "t_sat_predicted_s": None if p is None else round(p.predicted, 4),
+            "t_sat_rel_err": None if p is None else round(p.rel_err, 4),
+            "stalled_at_s": None if self.stalled_at is None else round(self.stalled_at, 4),
+            "predicted_at_s": None if p is None else round(p.made_at, 4),
+            "predicted_rho0": None if p is None else round(p.rho0, 4),
+            "predicted_sessions": None if p is None else p.sessions,
+            "dashboard_p50_ms": self.dashboard_p50_ms,
+            "dashboard_p99_ms": self.dashboard_p99_ms,
+            "deadline_misses": self.deadline_misses,
+            "tick_interval_ms": round(self.tick_interval_ms, 2),
+        }
+
+
+async def _one_run(config: CliffConfig, model: LlamaModel, kind: Policy, run: int) -> CliffRun:
+    spec = config.spec
+    scale = config.time_scale
+    lo, hi = config.duration
+    plans = plan_sessions(
+        config.sessions,
+        seed=config.seed * 100_003 + run,  # the same sessions under both policies
+        arrival_spread=config.arrival_spread * scale,
+        duration=(lo * scale, hi * scale),
+    )
+    core = EngineCore(model, policy=config.policy(kind), num_blocks=config.pool_blocks, block_size=config.block_size)
+    n = config.sessions
+    trace = WorkloadTrace(start=time.monotonic())
+    engine = Engine(
+        core=core,
+        timing=TimingConfig(period=spec.period, max_chunk_tokens=spec.tokens_per_tick),
+        # no latency-driven cap here: every planned session is let in (the memory guard still applies)
+        admission=AdmissionConfig(initial_limit=n, min_limit=n, max_limit=n, queue_timeout=0.0),
+        on_tick=trace.ticks.append,
+        silent=config.silent,
+    )
+    horizon = max(p.arrival + p.duration for p in plans) + 4 * spec.period
+    async with engine:
+        trace.start = time.monotonic()
+        await run_workload(engine, plans, spec, trace, horizon=horizon)
+    return _summarize_run(config, kind, run, trace)
+
+
+def _summarize_run(config: CliffConfig, kind: Policy, run: int, trace: WorkloadTrace) -> CliffRun:
+    ticks = trace.ticks
+    prediction = predict_at_last_change(ticks, config.growth_rate, trace.start)
+    outcomes: dict[str, int] = {}
+    for f in trace.frames:
+        outcomes[f.outcome] = outcomes.get(f.outcome, 0) + 1
+    dash = [f.latency for f in trace.frames if f.latency is not None]
+    deadline = config.spec.period
+    intervals = [b.time - a.time for a, b in itertools.pairwise(ticks) if b.time - a.time < 1.5 * deadline]
+    bucket = config.spec.period * 5
+    empty: dict[int, list[bool]] = {}
+    for f in trace.frames:
+        if f.outcome in ("ok", "empty", "stalled"):
+            empty.setdefault(int((f.sent - trace.start) / bucket), []).append(f.outcome != "ok")
+    stall = trace.first_stall()
+    return CliffRun(
+        policy=kind,
+        run=run,
+        collapsed=trace.first_stall() is not None,
+        stalls=trace.stalls(),
+        frames=outcomes,
+        peak_occupancy=max((t.used_blocks / t.pool_blocks for t in ticks), default=0.0),
+        prediction=prediction,
+        dashboard_p50_ms=round(percentile(dash, 0.5) * 1e3, 2) if dash else None,
+        dashboard_p99_ms=round(percentile(dash, 0.99) * 1e3, 2) if dash else None,
+        deadline_misses=sum(1 for v in dash if v > deadline),
+        tick_interval_ms=statistics.mean(intervals) * 1e3 if intervals else math.nan,
+        stalled_at=None if stall is None else stall.time - trace.start,
+        occupancy=[(t.time - trace.start, t.used_blocks / t.pool_blocks) for t in ticks],
+        empty_share=[((k + 0.5) * bucket, sum(v) / len(v)) for k, v in sorted(empty.items())],
+    )
+
+
+def run_cliff(config: CliffConfig, *, on_run: Callable[[CliffRun], None] | None = None) -> list[CliffRun]:
+    """Every run under both policies, ``config.concurrency`` engines at a time."""
+    model = bench_model(config.model)
+    results: list[CliffRun] = []
+
+    async def main() -> None:
+        limiter = anyio.CapacityLimiter(config.concurrency)
+
+        async def one(kind: Policy, run: int) -> None:
+            async with limiter:
+                result = await _one_run(config, model, kind, run)
+            results.append(result)
+            if on_run is not None:
+                on_run(result)
+
+        async with anyio.create_task_group() as tg:
+            for run in range(config.runs):
+                for kind in ("full", "window"):
+                    tg.start_soon(one, kind, run)
+
+    anyio.run(main)
+    return sorted(results, key=lambda r: (r.policy, r.run))
+
+
+def summarize(config: CliffConfig, runs: list[CliffRun]) -> dict[str, Any]:
+    """The JSON report: collapses per policy, the t_sat prediction beside each observed saturation."""
+    out: dict[str, Any] = {}
+    for kind in ("full", "window"):
+        mine = [r for r in runs if r.policy == kind]
+        errs = [r.prediction.rel_err for r in mine if r.prediction is not None]
+        entry: dict[str, Any] = {
+            "runs": len(mine),
+            "collapsed": sum(r.collapsed for r in mine),
+            "t_sat_rel_err_median": round(statistics.median(errs), 4) if errs else None,
+            "peak_occupancy_max": round(max((r.peak_occupancy for r in mine), default=0.0), 4),
+            "stalls": sum(r.stalls for r in mine),
+            "per_run": [r.as_dict() for r in mine],
+        }
+        if config.silent:
+            frames = [f for r in mine for f in _expand(r.frames)]
+            answered = sum(1 for f in frames if f in ("ok", "empty"))
+            entry["silent"] = {
+                "frames_answered": answered,
+                "frames_empty": sum(1 for f in frames if f == "empty"),
+                "deadline_misses": sum(r.deadline_misses for r in mine),
+                "dashboard_p99_ms_max": max((r.dashboard_p99_ms or 0.0 for r in mine), default=0.0),
+            }
+        out[kind] = entry
+    spec = config.spec
+    out["config"] = {
+        "sessions": config.sessions,
+        "runs": config.runs,
+        "period_s": spec.period,
+        "tokens_per_tick": spec.tokens_per_tick,
+        "block_size": config.block_size,
+        "window": config.window,
+        "sinks": config.sinks,
+        "pool_blocks": config.pool_blocks,
+        "session_bound_blocks": config.session_bound,
+        "r_blocks_per_s": round(config.blocks_per_second, 4),
+        "r_pool_share_per_s": round(config.growth_rate, 5),
+        "arrival_spread_s": config.arrival_spread * config.time_scale,
+        "duration_s": [d * config.time_scale for d in config.duration],
+        "model": config.model,
+        "silent": config.silent,
+        "seed": config.seed,
+        "time_scale": config.time_scale,
+        "prediction": "one tick after the last change of the open-session count before the first stall: "
+        "rho0 and N of that tick, r = tokens_per_tick / (block_size * period * pool_blocks)",
+    }
+    return out
+
+
+def _expand(counts: dict[str, int]) -> list[str]:
+    return [k for k, v in counts.items() for _ in range(v)]

@@ -1,0 +1,223 @@
+"""``bench sweep``: per-frame latency against the number of sessions N, for both KV policies.
+
+Every point is a fresh engine over the same block pool with N sessions streaming from the
+first tick to the last; the two policies run back to back at each N. The pool holds every
+session at the window's bound for the largest N, so the window never stalls; under
+``kv=full`` sessions outgrow that bound within the point, and from some N on the pool fills
+before the point ends.
+
+A frame the engine never answered (stalled, dropped because its session was still waiting
+for the previous one, or still queued at the end) counts with the time it had waited when
+the point ended: a lower bound on its latency, so a p99 past the wall is a floor.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import anyio
+
+from metronome_engine import EngineCore, KVPolicy
+from metronome_engine.model import LlamaModel
+
+from .._admission import percentile
+from .._config import AdmissionConfig, TimingConfig
+from .._engine import Engine
+from .workload import SessionPlan, StreamSpec, WorkloadTrace, bench_model, run_workload
+
+__all__ = ["SweepConfig", "SweepPoint", "n_sched", "run_sweep", "sweep_point_from_trace"]
+
+Policy = Literal["full", "window"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SweepConfig:
+    ns: tuple[int, ...] = (1, 2, 4, 6, 8, 10, 12, 14, 16)
+    period: float = 0.5
+    deadline: float | None = None  # the period
+    tokens_per_frame: int = 8
+    window: int = 32
+    sinks: int = 4
+    block_size: int = 16
+    ticks: int = 20  # measured per point, before time_scale
+    warmup_ticks: int = 4
+    model: str = "smollm2-135m-instruct"
+    policies: tuple[Policy, ...] = ("window", "full")
+    time_scale: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.ns or any(n < 1 for n in self.ns):
+            raise ValueError(f"ns must be session counts >= 1, got {self.ns}")
+        if not self.time_scale > 0:
+            raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
+
+    @property
+    def spec(self) -> StreamSpec:
+        return StreamSpec(period=self.period, tokens_per_frame=self.tokens_per_frame, lead=0.05 * self.period)
+
+    @property
+    def frame_deadline(self) -> float:
+        return self.period if self.deadline is None else self.deadline
+
+    @property
+    def measured_ticks(self) -> int:
+        return max(3, round(self.ticks * self.time_scale))
+
+    def policy(self, kind: Policy) -> KVPolicy:
+        return KVPolicy.full() if kind == "full" else KVPolicy.windowed(self.window, sinks=self.sinks)
+
+    @property
+    def session_bound(self) -> int:
+        bound = self.policy("window").max_blocks(self.block_size, chunk=self.spec.tokens_per_tick)
+        assert bound is not None
+        return bound
+
+    @property
+    def pool_blocks(self) -> int:
+        return max(self.ns) * self.session_bound
+
+
+@dataclass(slots=True)
+class SweepPoint:
+    policy: Policy
+    n: int
+    p50_ms: float
+    p99_ms: float
+    frames: int
+    answered: int
+    stalled: int
+    errors: int  # frames answered with an engine error other than a stall
+    dropped: int
+    step_ms: float  # median engine step
+    stalled_at_s: float | None  # seconds into the point when the pool first stalled
+    peak_occupancy: float
+    latencies_ms: list[float] = field(default_factory=list, repr=False)
+    error_messages: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "n": self.n,
+            "p50_ms": self.p50_ms,
+            "p99_ms": self.p99_ms,
+            "frames": self.frames,
+            "answered": self.answered,
+            "stalled": self.stalled,
+            "errors": self.errors,
+            "dropped": self.dropped,
+            "step_ms": self.step_ms,
+            "stalled_at_s": self.stalled_at_s,
+            "peak_occupancy": round(self.peak_occupancy, 4),
+            "error_messages": self.error_messages,
+        }
+
+
+def n_sched(points: Sequence[Any], deadline_ms: float) -> int:
+    """The largest N whose p99 meets the deadline (0 when none does).
+
+    ``points`` carry ``n`` and ``p99_ms`` (objects or dicts).
+    """
+    meeting = [_get(p, "n") for p in points if _get(p, "p99_ms") <= deadline_ms]
+    return max(meeting, default=0)
+
+
+def _get(p: Any, key: str) -> Any:
+    return p[key] if isinstance(p, dict) else getattr(p, key)
+
+
+def sweep_point_from_trace(kind: Policy, n: int, trace: WorkloadTrace, *, measure_from: float) -> SweepPoint:
+    frames = [f for f in trace.frames if f.sent >= measure_from]
+    waited = [trace.waited(f) * 1e3 for f in frames]
+    stall = trace.first_stall()
+    steps = [t.step_seconds * 1e3 for t in trace.ticks]
+    return SweepPoint(
+        policy=kind,
+        n=n,
+        p50_ms=round(percentile(waited, 0.5), 2) if waited else 0.0,
+        p99_ms=round(percentile(waited, 0.99), 2) if waited else 0.0,
+        frames=len(frames),
+        answered=sum(1 for f in frames if f.outcome == "ok"),
+        stalled=sum(1 for f in frames if f.outcome == "stalled"),
+        errors=sum(1 for f in frames if f.outcome == "error"),
+        dropped=sum(1 for f in frames if f.outcome == "dropped"),
+        step_ms=round(statistics.median(steps), 2) if steps else 0.0,
+        stalled_at_s=None if stall is None else round(stall.time - trace.start, 3),
+        peak_occupancy=max((t.used_blocks / t.pool_blocks for t in trace.ticks), default=0.0),
+        latencies_ms=waited,
+        error_messages=trace.errors[:3],
+    )
+
+
+async def _point(
+    config: SweepConfig, model: LlamaModel, kind: Policy, n: int, on_round: Callable[[], None]
+) -> SweepPoint:
+    spec = config.spec
+    core = EngineCore(model, policy=config.policy(kind), num_blocks=config.pool_blocks, block_size=config.block_size)
+    trace = WorkloadTrace(start=time.monotonic())
+    engine = Engine(
+        core=core,
+        timing=TimingConfig(period=spec.period, deadline=config.frame_deadline, max_chunk_tokens=spec.tokens_per_tick),
+        admission=AdmissionConfig(initial_limit=n, min_limit=n, max_limit=n, queue_timeout=0.0),  # no AIMD here
+        on_tick=trace.ticks.append,
+    )
+    ticks = config.warmup_ticks + config.measured_ticks
+    plans = [SessionPlan(i, 0.0, ticks * spec.period) for i in range(n)]
+    async with engine:
+        trace.start = time.monotonic()
+        await run_workload(engine, plans, spec, trace, horizon=(ticks + 1) * spec.period, on_round=lambda _: on_round())
+    # the first tick starts one session alone (see workload): measure from the warm-up's end
+    return sweep_point_from_trace(kind, n, trace, measure_from=trace.start + config.warmup_ticks * spec.period)
+
+
+def run_sweep(
+    config: SweepConfig,
+    *,
+    model: LlamaModel | None = None,
+    on_round: Callable[[], None] | None = None,
+    on_point: Callable[[SweepPoint], None] | None = None,
+) -> list[SweepPoint]:
+    net = model if model is not None else bench_model(config.model)
+    points: list[SweepPoint] = []
+
+    async def main() -> None:
+        # both policies at one N back to back: a shared machine's load drifts over minutes
+        for n in config.ns:
+            for kind in config.policies:
+                point = await _point(config, net, kind, n, on_round or (lambda: None))
+                points.append(point)
+                if on_point is not None:
+                    on_point(point)
+
+    anyio.run(main)
+    return points
+
+
+def summarize(config: SweepConfig, points: list[SweepPoint]) -> dict[str, Any]:
+    deadline_ms = config.frame_deadline * 1e3
+    out: dict[str, Any] = {}
+    for kind in config.policies:
+        out[kind] = [p.as_dict() for p in points if p.policy == kind]
+    out["deadline_ms"] = deadline_ms
+    window = [p for p in points if p.policy == "window"]
+    full = [p for p in points if p.policy == "full"]
+    out["n_sched"] = n_sched(window, deadline_ms) if window else None
+    out["n_sched_full"] = n_sched(full, deadline_ms) if full else None
+    spec = config.spec
+    out["config"] = {
+        "ns": list(config.ns),
+        "period_s": spec.period,
+        "tokens_per_tick": spec.tokens_per_tick,
+        "window": config.window,
+        "sinks": config.sinks,
+        "block_size": config.block_size,
+        "pool_blocks": config.pool_blocks,
+        "session_bound_blocks": config.session_bound,
+        "measured_ticks": config.measured_ticks,
+        "warmup_ticks": config.warmup_ticks,
+        "model": config.model,
+        "time_scale": config.time_scale,
+    }
+    return out

@@ -1,0 +1,113 @@
+"""``metronome bench admit``: the AIMD controller online, beside the sweep's schedulable N."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ._base import Command, emit_json, print_table, progress_bar
+from ._bench_common import add_common, machine, save_report, setup_threads
+from .bench_sweep import add_sweep_arguments, sweep_config
+
+
+def _add(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--n-sched",
+        type=int,
+        default=None,
+        help="the schedulable N from a sweep; without it a window-only sweep runs first",
+    )
+    p.add_argument(
+        "--sweep",
+        type=Path,
+        default=None,
+        help="take n_sched from a `bench sweep` report (bench-out/sweep.json) instead of sweeping",
+    )
+    p.add_argument("--runs", type=int, default=1, help="runs per policy (default 1)")
+    add_sweep_arguments(p)
+    add_common(p)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..bench.admit import AdmitConfig, run_admit, summarize
+    from ..bench.plots import plot_admit
+    from ..bench.sweep import SweepConfig, run_sweep
+    from ..bench.sweep import summarize as summarize_sweep
+    from ..bench.workload import bench_model
+
+    setup_threads(args)
+    started = time.monotonic()
+    model = bench_model(args.model)
+    sweep: dict[str, Any] | None = None
+    if args.n_sched is not None and args.sweep is not None:
+        raise ValueError("give --n-sched or --sweep, not both")
+    if args.sweep is not None:
+        try:
+            sweep = json.loads(args.sweep.read_text(encoding="utf-8"))
+            n_sched = int(sweep["n_sched"])
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ValueError(f"--sweep {args.sweep} is not a readable `bench sweep` report: {exc}") from exc
+    elif args.n_sched is None:
+        if args.quick and args.ns is None:
+            args.ns = (2, 5, 8)
+        sc = sweep_config(args, policies=("window",))
+        assert isinstance(sc, SweepConfig)
+        with progress_bar(len(sc.ns) * (sc.warmup_ticks + sc.measured_ticks + 1), "bench admit: sweep") as bar:
+            bar.unit = "tick"
+            points = run_sweep(sc, model=model, on_round=lambda: bar.update(1))
+        sweep = summarize_sweep(sc, points)
+        n_sched = int(sweep["n_sched"])
+    else:
+        if args.n_sched < 1:
+            raise ValueError(f"--n-sched must be >= 1, got {args.n_sched}")
+        n_sched = args.n_sched
+    scale = args.time_scale * (0.3 if args.quick else 1.0)
+    config = AdmitConfig(runs=args.runs, seed=args.seed, model=args.model, time_scale=scale)
+    if args.quick:  # decisions on fewer frames, a pool that fills within the short run
+        config = replace(config, pool_sessions=8, admission=replace(config.admission, min_samples=16))
+    with progress_bar(round(2 * args.runs * config.run_seconds * scale), "bench admit") as bar:
+        bar.unit = "s"
+        last = [0.0]
+
+        def tick(elapsed: float) -> None:
+            step = max(0.0, elapsed - last[0])
+            last[0] = elapsed
+            bar.update(step)
+
+        def new_run(_: object) -> None:
+            last[0] = 0.0
+
+        runs = run_admit(config, model=model, on_round=tick, on_run=new_run)
+    report = summarize(config, runs, n_sched, sweep)
+    report["plots"] = [str(plot_admit(runs, n_sched, args.out))]
+    report["machine"] = machine()
+    report["seconds"] = round(time.monotonic() - started, 1)
+    saved = save_report(report, args.out, "admit")
+    if args.json:
+        emit_json(report)
+        return 0
+    w, f = report["window"], report["full"]
+    print_table(
+        ["policy", "N*", "n_sched", "runs", "collapsed", "peak sessions", "pool carries"],
+        [
+            ["window", w["n_star"], w["n_sched"], w["runs"], w["collapsed"], w["peak_sessions"], "-"],
+            ["full", f["n_star"], n_sched, f["runs"], f["collapsed"], f["peak_sessions"], f["pool_carries_sessions"]],
+        ],
+    )
+    if sweep is not None:
+        print()
+        print_table(
+            ["N", "p50 ms", "p99 ms", "dropped"],
+            [[p["n"], p["p50_ms"], p["p99_ms"], p["dropped"]] for p in sweep["window"]],
+        )
+    print(f"\nplots: {', '.join(report['plots'])}; report: {saved}  ({report['seconds']} s)")
+    return 0
+
+
+BENCH_ADMIT = Command(
+    "bench", "admit", "AIMD admission online: converged cap N* beside the sweep's n_sched", _add, _run
+)
