@@ -22,7 +22,7 @@ import statistics
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 
@@ -32,7 +32,16 @@ from metronome_engine.model import LlamaModel
 from .._admission import percentile
 from .._config import AdmissionConfig, TimingConfig
 from .._engine import Engine
-from .workload import StreamSpec, WorkloadTrace, bench_model, plan_sessions, run_workload
+from .workload import (
+    Policy,
+    StreamSpec,
+    WorkloadTrace,
+    bench_model,
+    kv_policy,
+    plan_sessions,
+    run_workload,
+    window_bound,
+)
 
 __all__ = [
     "CliffConfig",
@@ -43,8 +52,6 @@ __all__ = [
     "summarize",
     "t_sat",
 ]
-
-Policy = Literal["full", "window"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -80,13 +87,11 @@ class CliffConfig:
         return StreamSpec(period=p, tokens_per_frame=self.tokens_per_frame, lead=0.25 * p, drop_late=False)
 
     def policy(self, kind: Policy) -> KVPolicy:
-        return KVPolicy.full() if kind == "full" else KVPolicy.windowed(self.window, sinks=self.sinks)
+        return kv_policy(kind, self.window, self.sinks)
 
     @property
     def session_bound(self) -> int:
-        bound = self.policy("window").max_blocks(self.block_size, chunk=self.spec.tokens_per_tick)
-        assert bound is not None
-        return bound
+        return window_bound(self.window, self.sinks, self.block_size, self.spec.tokens_per_tick)
 
     @property
     def pool_blocks(self) -> int:

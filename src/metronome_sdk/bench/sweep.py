@@ -17,7 +17,7 @@ import statistics
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 
@@ -27,11 +27,9 @@ from metronome_engine.model import LlamaModel
 from .._admission import percentile
 from .._config import AdmissionConfig, TimingConfig
 from .._engine import Engine
-from .workload import SessionPlan, StreamSpec, WorkloadTrace, bench_model, run_workload
+from .workload import Policy, SessionPlan, StreamSpec, WorkloadTrace, bench_model, kv_policy, run_workload, window_bound
 
 __all__ = ["SweepConfig", "SweepPoint", "n_sched", "run_sweep", "sweep_point_from_trace"]
-
-Policy = Literal["full", "window"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,13 +66,11 @@ class SweepConfig:
         return max(3, round(self.ticks * self.time_scale))
 
     def policy(self, kind: Policy) -> KVPolicy:
-        return KVPolicy.full() if kind == "full" else KVPolicy.windowed(self.window, sinks=self.sinks)
+        return kv_policy(kind, self.window, self.sinks)
 
     @property
     def session_bound(self) -> int:
-        bound = self.policy("window").max_blocks(self.block_size, chunk=self.spec.tokens_per_tick)
-        assert bound is not None
-        return bound
+        return window_bound(self.window, self.sinks, self.block_size, self.spec.tokens_per_tick)
 
     @property
     def pool_blocks(self) -> int:

@@ -22,7 +22,7 @@ from typing import Literal
 import anyio
 import torch
 
-from metronome_engine import ModelConfig
+from metronome_engine import KVPolicy, ModelConfig
 from metronome_engine.model import LlamaModel
 
 from .._engine import Engine
@@ -30,6 +30,21 @@ from .._exceptions import AdmissionRejected, EngineError, EngineStalled, Session
 from .._frames import InputFrame
 from .._session import Session
 from .._stats import TickReport
+
+Policy = Literal["full", "window"]
+
+
+def kv_policy(kind: Policy, window: int, sinks: int) -> KVPolicy:
+    """The KV policy an experiment runs under: unbounded, or the window with its sinks."""
+    return KVPolicy.full() if kind == "full" else KVPolicy.windowed(window, sinks=sinks)
+
+
+def window_bound(window: int, sinks: int, block_size: int, tokens_per_tick: int) -> int:
+    """Blocks one windowed session holds at most while a tick appends ``tokens_per_tick``."""
+    bound = kv_policy("window", window, sinks).max_blocks(block_size, chunk=tokens_per_tick)
+    assert bound is not None  # a window policy is always bounded
+    return bound
+
 
 __all__ = [
     "FrameRecord",
