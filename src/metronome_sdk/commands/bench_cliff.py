@@ -38,7 +38,9 @@ def _run(args: argparse.Namespace) -> int:
     setup_threads(args)
     runs, scale = args.runs, args.time_scale
     if args.quick:
-        runs = min(runs, 4)
+        # a t_sat observed a few ticks after the prediction is off by a tick's share of it: eight
+        # runs keep the median from resting on two short ones (the silent runs only count frames)
+        runs = min(runs, 4 if args.silent else 8)
     config = CliffConfig(
         sessions=args.sessions,
         runs=runs,
