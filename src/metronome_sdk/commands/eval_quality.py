@@ -35,6 +35,13 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=None, help="tokens of text to score (default 16384)")
     p.add_argument("--slices", type=int, default=None, help="slices of the stream (default 16)")
     p.add_argument("--gen-tokens", type=int, default=None, help="tokens of free-running generation (default 4000)")
+    p.add_argument(
+        "--oracle-positions",
+        type=int,
+        default=None,
+        help="oracle positions per slice, every W (default 4096 / W, at most 16; a per-slice 5%% test needs hundreds)",
+    )
+    p.add_argument("--dialog-turns", type=int, default=None, help="dialog turns (default 12; 0 skips it)")
     p.add_argument("--seed", type=int, default=0, help="sampling seed of the generation (default 0)")
     p.add_argument("--out", type=Path, default=Path("eval-out"), help="output folder (default eval-out/)")
     p.add_argument("--model", default="smollm2-135m-instruct", help="known model name or HF Llama folder")
@@ -58,6 +65,8 @@ def config_from_args(args: argparse.Namespace) -> QualityConfig:
         ("tokens", args.tokens),
         ("slices", args.slices),
         ("gen_tokens", args.gen_tokens),
+        ("oracle_positions", args.oracle_positions),
+        ("dialog_turns", args.dialog_turns),
     ):
         if value is not None:
             overrides[name] = value
@@ -146,6 +155,7 @@ def print_report(report: QualityReport) -> None:
         full_s, plain_s, sinks_s = report.slice_ppl(report.full), report.slice_ppl(plain), report.slice_ppl(sinks)
         orc_p, sinks_p = report.paired_by_slice(oracle, w), report.paired_by_slice(sinks, w)
         plain_after, sinks_after = report.after_slide_by_slice(plain, w), report.after_slide_by_slice(sinks, w)
+        stderr = report.paired_stderr_by_slice(sinks, w)
         print(f"\nW = {w}: per slice (* = on the oracle's {len(report.oracle_positions[w][0])} positions per slice)")
         print_table(
             [
@@ -156,6 +166,7 @@ def print_report(report: QualityReport) -> None:
                 "recompute*",
                 "sinks*",
                 "sinks*/recompute*",
+                "(std. error)",
                 "nosinks/sinks",
             ],
             [
@@ -167,6 +178,7 @@ def print_report(report: QualityReport) -> None:
                     orc_p[i],
                     sinks_p[i],
                     f"{sinks_p[i] / orc_p[i]:.3f}",
+                    f"±{100 * stderr[i]:.1f}%",
                     _ratio(plain_after[i], sinks_after[i]),
                 ]
                 for i, (a, b) in enumerate(report.bounds)

@@ -13,6 +13,8 @@ before the limit. Positions are in-cache (StreamingLLM) under every policy.
 
 from __future__ import annotations
 
+import math
+import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -70,6 +72,7 @@ class QualityConfig:
     slices: int = 16
     oracle_budget: int = 4096  # oracle forward tokens per slice and W ...
     oracle_max_per_slice: int = 16  # ... and at most this many positions: W=128, 256 score 16 a slice, W=512 8
+    oracle_positions: int | None = None  # positions per slice for every W, overriding the two above
     gen_tokens: int = 4000
     gen_window: int = 256
     dialog_turns: int = 12
@@ -95,6 +98,8 @@ class QualityConfig:
             raise ValueError(f"gen_window must be >= 1, got {self.gen_window}")
         if self.oracle_budget < 1 or self.oracle_max_per_slice < 1 or self.chunk < 1:
             raise ValueError("oracle_budget, oracle_max_per_slice and chunk must be >= 1")
+        if self.oracle_positions is not None and self.oracle_positions < 1:
+            raise ValueError(f"oracle_positions must be >= 1 (None: the budget rule), got {self.oracle_positions}")
 
     @classmethod
     def quick(cls, **overrides: Any) -> QualityConfig:
@@ -103,7 +108,10 @@ class QualityConfig:
         return replace(base, **overrides)
 
     def positions_per_slice(self, window: int, slice_tokens: int) -> int:
-        """Oracle positions per slice: ``oracle_budget / W`` within [4, oracle_max_per_slice], at most the slice."""
+        """Oracle positions per slice: ``oracle_positions`` if given, else ``oracle_budget / W`` within
+        [4, oracle_max_per_slice]; at most the slice."""
+        if self.oracle_positions is not None:
+            return min(slice_tokens, self.oracle_positions)
         return min(slice_tokens, max(4, min(self.oracle_max_per_slice, self.oracle_budget // window)))
 
 
@@ -166,6 +174,18 @@ class QualityReport:
             return [perplexity(row.nll[i * per : (i + 1) * per]) for i in range(len(self.bounds))]
         return [ppl_at(row.nll, pos) for pos in self.oracle_positions[window]]
 
+    def paired_stderr_by_slice(self, row: StreamRow, window: int) -> list[float]:
+        """Standard error of log(row / oracle) per slice, from the paired per-position differences:
+        how far a slice's ratio can sit from the truth by the choice of positions alone."""
+        oracle = self.oracle[window].nll
+        out = []
+        k = 0
+        for pos in self.oracle_positions[window]:
+            diffs = [row.nll[i] - oracle[k + j] for j, i in enumerate(pos)]
+            k += len(pos)
+            out.append(statistics.stdev(diffs) / math.sqrt(len(diffs)) if len(diffs) > 1 else math.inf)
+        return out
+
     def after_slide(self, row: StreamRow, window: int) -> float:
         """Perplexity of the tokens after W's window first slid (sinks + W tokens in)."""
         return perplexity(row.nll[window + self.config.sinks : self.bounds[-1][1]])
@@ -189,6 +209,7 @@ class QualityReport:
                     "window": w,
                     "sinks": s,
                     "ratio_by_slice": ratios,
+                    "log_ratio_stderr_by_slice": self.paired_stderr_by_slice(sinks, w),
                     "worst": max(ratios, key=lambda r: abs(r - 1.0)),
                     "passed": all(abs(r - 1.0) <= 0.05 for r in ratios),
                 }
