@@ -182,6 +182,13 @@ class ReliabilityConfig:
     (counted in stats; ``OutputFrame.index`` shows the gap), for consumers that want only
     the latest. The default, 64 frames, is about 5 s of 80 ms frames.
 
+    Fast producers: a session holds at most ``input_queue`` frames sent and not yet
+    served. One more is refused by ``send()`` with ``Overloaded`` (``retry_after``: one
+    tick) before anything is queued; the frames already accepted keep their place and
+    get their outputs. The engine serves one frame per session per tick, so a caller
+    that sends faster than the metronome ticks meets this bound instead of an ever
+    longer queue (and ever later answers).
+
     Failed steps: a step that raises changed nothing, so it is retried at once, up to
     ``step_retries`` times; if every try fails, each session of the tick gets
     ``EngineStalled(reason="step_failed")`` with its frame handed back.
@@ -198,6 +205,7 @@ class ReliabilityConfig:
     """
 
     output_queue: int = 64
+    input_queue: int = 64
     slow_consumer: Literal["shed", "drop_oldest"] = "shed"
     step_retries: int = 1
     watchdog: float = 4.0
@@ -206,6 +214,7 @@ class ReliabilityConfig:
 
     def __post_init__(self) -> None:
         _positive_int("output_queue", self.output_queue, "try output_queue=64 (about 5 s of 80 ms frames)")
+        _positive_int("input_queue", self.input_queue, "try input_queue=64 (about 5 s of 80 ms frames)")
         if self.slow_consumer not in ("shed", "drop_oldest"):
             raise ValueError(
                 f"slow_consumer must be 'shed' or 'drop_oldest', got {self.slow_consumer!r}; "

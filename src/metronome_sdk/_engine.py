@@ -38,6 +38,7 @@ from ._exceptions import (
     EngineStalled,
     LoadShed,
     MetronomeError,
+    Overloaded,
     SessionBroken,
     SessionClosed,
 )
@@ -473,6 +474,20 @@ class Engine:
         return ids
 
     def _submit(self, session: Session, frame: InputFrame) -> None:
+        cap = self.reliability.input_queue
+        if len(session._queue) >= cap:
+            # refused before anything changes: the accepted frames keep their place and answers
+            self.metrics.faults.labels("input_refused").inc()
+            admitter = self._require_admitter()
+            raise Overloaded(
+                f"session {session.id} has {cap} frames waiting (ReliabilityConfig.input_queue): it sends faster "
+                "than the engine ticks, one frame per session per tick; read outputs as they come and send "
+                "again after retry_after",
+                retry_after=self.timing.period,
+                limit=admitter.limit,
+                in_flight=len(self._sessions),
+                session_id=session.id,
+            )
         tokens = self._encode(session, frame)
         if session._prefix:
             tokens = session._prefix + tokens

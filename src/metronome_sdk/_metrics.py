@@ -36,7 +36,8 @@ class EngineMetrics:
         self.admitted = Counter("metronome_admission_admitted_total", "Sessions admitted", registry=r)
         self.faults = Counter(
             "metronome_faults_total",
-            "Faults by kind: step_failed, step_stuck, numeric_fault, shed, output_dropped, engine_failed",
+            "Faults by kind: step_failed, step_stuck, numeric_fault, shed, output_dropped, input_refused, "
+            "engine_failed",
             ["kind"],
             registry=r,
         )
