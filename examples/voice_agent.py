@@ -27,9 +27,8 @@ async def main(question: str, out: str) -> None:
     tts, stt = EspeakTTS(), PocketSphinxSTT()
     caller, rate = tts.synthesize(question)  # the caller's voice: any 16-bit mono PCM works
     timing = metronome.TimingConfig(max_chunk_tokens=16)  # short prefill steps on a CPU
-    reliability = metronome.ReliabilityConfig(watchdog=60.0)  # a step is stuck after 4.8 s, not 320 ms
     async with (
-        metronome.Engine(timing=timing, reliability=reliability) as engine,
+        metronome.Engine(timing=timing) as engine,
         engine.session("You are a helpful assistant. Answer in one sentence.") as session,
         MemoryTransport(sample_rate=16000) as line,
     ):

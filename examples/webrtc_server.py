@@ -37,7 +37,6 @@ class Polite:
 async def main(port: int) -> None:
     engine_config = metronome.EngineConfig(kv="window", window=256, sinks=4)
     timing = metronome.TimingConfig(period=0.08, max_chunk_tokens=16)  # short prefill steps on a CPU
-    reliability = metronome.ReliabilityConfig(watchdog=60.0)  # a step is stuck after 4.8 s, not 320 ms
     server_config = ServerConfig(
         port=port,  # binds 127.0.0.1 unless host= says otherwise
         token=os.environ.get("METRONOME_TOKEN"),
@@ -48,7 +47,7 @@ async def main(port: int) -> None:
     stop = asyncio.Event()
     asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
     async with (
-        metronome.Engine(engine_config, timing=timing, reliability=reliability) as engine,
+        metronome.Engine(engine_config, timing=timing) as engine,
         WebRTCServer(engine, server_config, stt=Polite(PocketSphinxSTT()), tts=EspeakTTS(speed=160)) as server,
     ):
         print(f"open {server.url} and press Start (Ctrl-C stops)")
