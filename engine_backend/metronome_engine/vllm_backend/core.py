@@ -1,0 +1,344 @@
+"""``VLLMEngineCore``: the engine-core interface (``EngineBackend``) on an in-process vLLM engine.
+
+Each session is one long-lived vLLM request opened as a streaming-input (``resumable``)
+request: a step appends the session's new tokens as the next input chunk and decodes one
+token, and vLLM keeps the request's KV resident between steps, so nothing is prefilled
+twice. vLLM discards the sampled token from the KV, as the torch runner does (the next
+input chunk is what the session appends).
+
+Capacity is checked before vLLM sees a chunk, from vLLM's own block pool: a session whose
+new blocks the pool cannot give is reported ``Stall.POOL_EXHAUSTED`` and appends nothing,
+as in the torch runner. Should vLLM still preempt or starve a session (its KV freed, to be
+recomputed later), the backend does not let it recompute silently: the session is dropped
+from vLLM and every later step of it reports ``POOL_EXHAUSTED``; the SDK raises
+``EngineStalled`` for it. ``vllm_stats()`` reports vLLM's ``kv_cache_usage`` and preemptions.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from types import TracebackType
+from typing import Any
+
+from ..backend import validate_step
+from ..config import ModelConfig
+from ..engine import PoolStats, Stall, StepOutput, StepRequest
+from ..kv_policy import KVPolicy
+from ..sampling import SamplingParams
+from ..weights import read_config, resolve_model_dir
+from .plugin import SINK_WINDOW_ARCH, register
+
+__all__ = ["VLLMEngineCore", "VLLMStats"]
+
+_MAX_INNER_STEPS = 10_000  # vLLM steps one of our steps may take (chunked prefill of long inputs)
+
+
+@dataclass(frozen=True, slots=True)
+class VLLMStats:
+    """vLLM's own signals, beside the pool view: what the metrics ``vllm:*`` report."""
+
+    kv_cache_usage_perc: float
+    num_preemptions: int
+    num_starved: int
+    num_running: int
+    num_waiting: int
+
+
+@dataclass(slots=True)
+class _Seq:
+    request_id: str
+    sampling: SamplingParams
+    num_tokens: int = 0
+    started: bool = False  # vLLM holds a request for it
+    evicted: bool = False  # vLLM preempted or starved it: its KV is gone
+    preemptions: int = field(default=0)
+
+
+class VLLMEngineCore:
+    """Serves many sessions of one Llama-family model on vLLM under one KV policy.
+
+    ``model`` is a known name (``"smollm2-135m-instruct"``) or a folder with ``config.json``
+    and safetensors weights. ``num_blocks`` fixes vLLM's block pool (usable blocks, of
+    ``block_size`` tokens; on CPU a multiple of 32). ``load_format="dummy"`` builds random
+    weights from the config alone. ``engine_args`` passes further ``vllm.EngineArgs``
+    fields (``tensor_parallel_size``, ``gpu_memory_utilization``, ...).
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike[str] = "smollm2-135m-instruct",
+        *,
+        policy: KVPolicy,
+        num_blocks: int,
+        block_size: int = 32,
+        max_model_len: int | None = None,
+        max_num_seqs: int = 64,
+        max_num_batched_tokens: int = 512,
+        dtype: str = "float32",
+        load_format: str = "auto",
+        engine_args: Mapping[str, Any] | None = None,
+    ) -> None:
+        if not isinstance(policy, KVPolicy):
+            raise ValueError(f"policy must be a KVPolicy, got {policy!r}; try KVPolicy.windowed(256, sinks=4)")
+        if isinstance(num_blocks, bool) or not isinstance(num_blocks, int) or num_blocks < 1:
+            raise ValueError(f"num_blocks must be an int >= 1, got {num_blocks!r}")
+        bound = policy.max_blocks(block_size)
+        if bound is not None and bound > num_blocks:
+            raise ValueError(
+                f"the pool of {num_blocks} blocks cannot hold one session's bound of {bound} blocks "
+                f"({policy!r}, block_size={block_size}); raise num_blocks to at least {bound} or lower the window"
+            )
+        model_dir = resolve_model_dir(model)
+        self._config = ModelConfig.from_hf(read_config(model_dir))
+        self._policy = policy
+        self.block_size = block_size
+        self.num_blocks = num_blocks
+        if max_model_len is None:
+            longest = self._config.max_position_embeddings
+            # full attention: vLLM wants the pool to hold one request of max_model_len
+            max_model_len = longest if policy.bounded else min(longest, num_blocks * block_size)
+        self.max_model_len = max_model_len
+        # the backend reads vLLM's scheduler, so the engine core must live in this process
+        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        register()
+        from vllm import EngineArgs
+        from vllm.platforms import current_platform
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        args: dict[str, Any] = {
+            "model": str(model_dir),
+            "skip_tokenizer_init": True,
+            "dtype": dtype,
+            "load_format": load_format,
+            "enforce_eager": True,  # the sinks + window layers index per request in Python
+            "block_size": block_size,
+            "enable_prefix_caching": False,  # sessions share no prefixes; a hit would bypass the bound
+            "num_gpu_blocks_override": num_blocks + 1,  # vLLM keeps one block as its null block
+            "max_model_len": max_model_len,
+            "max_num_seqs": max_num_seqs,
+            "max_num_batched_tokens": max(max_num_batched_tokens, max_num_seqs),
+            "async_scheduling": False,
+        }
+        if current_platform.is_cpu():
+            # the CPU worker reserves this share of RAM up front; the pool is fixed by num_blocks anyway
+            args["gpu_memory_utilization"] = 0.2
+        if policy.bounded:
+            assert policy.window is not None
+            args["hf_overrides"] = {
+                "architectures": [SINK_WINDOW_ARCH],
+                "metronome_window": policy.window,
+                "metronome_sinks": policy.sinks,
+            }
+        args.update(engine_args or {})
+        self._engine = LLMEngine.from_engine_args(EngineArgs(**args))
+        self._core = self._engine.engine_core.engine_core
+        self._scheduler = self._core.scheduler
+        self._kv = self._scheduler.kv_cache_manager
+        self._supported_tasks = self._engine.get_supported_tasks()
+        self._seqs: dict[int, _Seq] = {}
+        self._ids = itertools.count(1)
+        self._preemptions = 0
+        self._starved = 0
+        self._closed = False
+
+    # the EngineBackend interface ----------------------------------------------------------------
+
+    @property
+    def policy(self) -> KVPolicy:
+        return self._policy
+
+    @property
+    def config(self) -> ModelConfig:
+        return self._config
+
+    def add_sequence(self, *, sampling: SamplingParams | None = None) -> int:
+        seq_id = next(self._ids)
+        self._seqs[seq_id] = _Seq(f"metronome-{seq_id}", sampling or SamplingParams())
+        return seq_id
+
+    def free_sequence(self, seq_id: int) -> None:
+        """End a session and return its blocks to vLLM's pool. Unknown ids are ignored."""
+        seq = self._seqs.pop(seq_id, None)
+        if seq is not None and seq.started and not seq.evicted:
+            self._core.abort_requests([seq.request_id])
+
+    def has_sequence(self, seq_id: int) -> bool:
+        return seq_id in self._seqs
+
+    def sequence_length(self, seq_id: int) -> int:
+        return self._seq(seq_id).num_tokens
+
+    def sequence_blocks(self, seq_id: int) -> int:
+        """Blocks vLLM holds for the session (its null placeholders not counted)."""
+        return self._held_blocks(self._seq(seq_id))
+
+    def session_bound_blocks(self, chunk: int = 1) -> int | None:
+        return self._policy.max_blocks(self.block_size, chunk=chunk)
+
+    def pool_stats(self) -> PoolStats:
+        free = self._kv.block_pool.get_num_free_blocks()
+        return PoolStats(self.num_blocks, self.num_blocks - free, self.block_size, len(self._seqs))
+
+    def vllm_stats(self) -> VLLMStats:
+        running, waiting = self._scheduler.get_request_counts()
+        return VLLMStats(
+            kv_cache_usage_perc=float(self._kv.usage),
+            num_preemptions=self._preemptions,
+            num_starved=self._starved,
+            num_running=running,
+            num_waiting=waiting,
+        )
+
+    def close(self) -> None:
+        """Shut vLLM's engine core down (idempotent)."""
+        if not self._closed:
+            self._closed = True
+            self._engine.engine_core.shutdown()
+
+    def __enter__(self) -> VLLMEngineCore:
+        return self
+
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        self.close()
+
+    # the step -----------------------------------------------------------------------------------
+
+    def step(self, requests: Sequence[StepRequest]) -> list[StepOutput]:
+        """Append each request's tokens and decode one token; outputs in request order."""
+        self._validate(requests)
+        outputs: dict[int, StepOutput] = {}
+        served: list[StepRequest] = []
+        free = self._kv.block_pool.get_num_free_blocks()
+        for req in requests:
+            seq = self._seqs[req.seq_id]
+            n = len(req.tokens)
+            stall: Stall | None = None
+            if seq.evicted:
+                stall = Stall.POOL_EXHAUSTED
+            elif seq.num_tokens + n > self.max_model_len:
+                stall = Stall.CONTEXT_LIMIT
+            else:
+                need = self._blocks_needed(seq, n)
+                if need > free:
+                    stall = Stall.POOL_EXHAUSTED
+                else:
+                    free -= need
+            if stall is not None:
+                outputs[req.seq_id] = self._output(req.seq_id, seq, stall=stall)
+                continue
+            self._submit(seq, req)
+            served.append(req)
+        if served:
+            tokens = self._run([self._seqs[r.seq_id] for r in served])
+            for req in served:
+                seq = self._seqs[req.seq_id]
+                token = tokens.get(seq.request_id)
+                if token is None:
+                    self._evict(seq)
+                    outputs[req.seq_id] = self._output(req.seq_id, seq, stall=Stall.POOL_EXHAUSTED)
+                    continue
+                seq.num_tokens += len(req.tokens)
+                if self._policy.bounded:
+                    # free the blocks that left the window now, not at the next allocation
+                    self._kv.remove_skipped_blocks(seq.request_id, seq.num_tokens)
+                outputs[req.seq_id] = self._output(req.seq_id, seq, token=token if req.sample else None)
+        return [outputs[r.seq_id] for r in requests]
+
+    def _submit(self, seq: _Seq, req: StepRequest) -> None:
+        from vllm import TokensPrompt
+
+        processed = self._engine.input_processor.process_inputs(
+            seq.request_id,
+            TokensPrompt(prompt_token_ids=list(req.tokens)),
+            self._sampling(seq.sampling),
+            supported_tasks=self._supported_tasks,
+            resumable=True,
+        )
+        # the first chunk opens the request; later ones continue it (same id)
+        self._core.add_request(*self._core.preprocess_add_request(processed))
+        seq.started = True
+
+    def _run(self, seqs: list[_Seq]) -> dict[str, int]:
+        """Step vLLM until every submitted chunk has its token, or vLLM stops serving one."""
+        from vllm.v1.request import RequestStatus
+
+        pending = {s.request_id: s for s in seqs}
+        tokens: dict[str, int] = {}
+        for _ in range(_MAX_INNER_STEPS):
+            if not pending:
+                break
+            step_outputs, executed = self._core.step()
+            self._core.post_step(model_executed=executed)
+            for outs in step_outputs.values():
+                for out in outs.outputs:
+                    if out.request_id in pending and out.new_token_ids:
+                        tokens[out.request_id] = int(out.new_token_ids[-1])
+                        del pending[out.request_id]
+            for rid, seq in list(pending.items()):
+                request = self._scheduler.requests.get(rid)
+                preempted = request is None or request.status == RequestStatus.PREEMPTED
+                if request is not None and request.num_preemptions > seq.preemptions:
+                    seq.preemptions = request.num_preemptions
+                    preempted = True
+                if preempted:
+                    self._preemptions += 1
+                    del pending[rid]
+            if pending and not executed:
+                self._starved += len(pending)  # vLLM scheduled nothing for them: no room
+                break
+        return tokens
+
+    def _evict(self, seq: _Seq) -> None:
+        """vLLM let the session's KV go (preempted or starved): drop it rather than recompute silently."""
+        if seq.started and not seq.evicted:
+            self._core.abort_requests([seq.request_id])
+        seq.evicted = True
+
+    # helpers ------------------------------------------------------------------------------------
+
+    def _blocks(self, seq: _Seq) -> list[Any]:
+        manager = self._kv.coordinator.single_type_managers[0]
+        return list(manager.req_to_blocks.get(seq.request_id, ()))
+
+    def _held_blocks(self, seq: _Seq) -> int:
+        return sum(1 for b in self._blocks(seq) if not b.is_null)
+
+    def _blocks_needed(self, seq: _Seq, n: int) -> int:
+        """New blocks vLLM will take to append ``n`` tokens (its table, nulls included, only grows)."""
+        return max(0, math.ceil((seq.num_tokens + n) / self.block_size) - len(self._blocks(seq)))
+
+    def _output(self, seq_id: int, seq: _Seq, *, token: int | None = None, stall: Stall | None = None) -> StepOutput:
+        return StepOutput(
+            seq_id, token=token, stall=stall, num_tokens=seq.num_tokens, num_blocks=self._held_blocks(seq)
+        )
+
+    @staticmethod
+    def _sampling(params: SamplingParams) -> Any:
+        from vllm import SamplingParams as VLLMSamplingParams
+
+        return VLLMSamplingParams(
+            max_tokens=1,
+            temperature=params.temperature,
+            top_k=params.top_k,
+            top_p=params.top_p,
+            seed=params.seed,
+            detokenize=False,
+        )
+
+    def _seq(self, seq_id: int) -> _Seq:
+        try:
+            return self._seqs[seq_id]
+        except KeyError:
+            raise ValueError(f"seq_id={seq_id} is not an open sequence; open one with add_sequence()") from None
+
+    def _validate(self, requests: Sequence[StepRequest]) -> None:
+        """Reject the whole step before anything changes, with the torch runner's messages."""
+        validate_step(requests, self._config.vocab_size, self._seq)
+        if any(req.return_logits or req.all_logits for req in requests):
+            raise ValueError("the vLLM backend returns tokens, not logits; score text with the torch runner")
