@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import importlib.util
 import os
 
 import hypothesis.internal.observability  # noqa: F401
@@ -8,6 +9,10 @@ import pytest
 # hypothesis' pytest plugin imports this lazily at the very end of a run; compiling it then, with
 # aiortc and engine threads still alive, crashed CPython 3.11.7 ("AST constructor recursion depth
 # mismatch") after every test had passed, so import it up front.
+
+# the vLLM tests run where vLLM is installed (`make test-vllm`, in .venv-vllm); elsewhere they
+# are not collected at all, rather than reported as skipped
+collect_ignore = [] if importlib.util.find_spec("vllm") else ["vllm"]
 
 # keep tests independent of the user's cache unless told otherwise
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -237,8 +237,9 @@ class EngineCore:
             row += n_rows
         last_rows = torch.tensor([end - 1 for _, end in spans], device=logits.device)
         greedy = logits.index_select(0, last_rows).argmax(dim=-1).tolist()  # one call for the batch
-        # one check for the batch: which rows hold a NaN or an inf
-        finite = torch.isfinite(logits).all(dim=-1).tolist()
+        # one check for the batch: which rows hold a NaN or an inf. A row's sum is non-finite
+        # exactly then (finite logits are far too small to overflow a float32 sum): one pass
+        finite = torch.isfinite(logits.sum(dim=-1)).tolist()
         results: list[tuple[SeqChunk, StepRequest, int | None, Tensor | None]] = []
         faulty: list[SeqChunk] = []
         for i, (ch, req) in enumerate(zip(chunks, served, strict=True)):
