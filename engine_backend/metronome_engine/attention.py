@@ -45,7 +45,8 @@ class AttentionBatch:
     logit_rows: Tensor | None  # rows of [T] whose logits are wanted; None for all
     num_seqs: int
     max_chunk: int
-    max_cols: int
+    max_cols: int  # columns attention reads per row: up to the last block any row uses
+    row_cols: int  # columns per row of the batch view (its capacity)
     sink_cols: int
     group_size: int
     scale: float
@@ -67,13 +68,15 @@ class AttentionBatch:
         bs = chunks[0].seq.block_size
         num_seqs = len(chunks)
         max_chunk = max(ch.n_new for ch in chunks)
-        max_cols = capacity * bs
+        # a row's spare blocks past every row's last block hold nothing: attention stops before them
+        used = max(len(row) for row in view_rows)
+        max_cols = used * bs
         positions: list[int] = []
         slot_mapping: list[int] = []
         view_mapping: list[int] = []
         q_index: list[int] = []
         logit_rows: list[int] = []
-        kpos = torch.full((num_seqs, capacity, bs), _PAD, dtype=torch.int64)
+        kpos = torch.full((num_seqs, used, bs), _PAD, dtype=torch.int64)
         offsets = torch.arange(bs, dtype=torch.int64)
         for b, (ch, row) in enumerate(zip(chunks, view_rows, strict=True)):
             seq, t0 = ch.seq, ch.seq.num_tokens
@@ -126,6 +129,7 @@ class AttentionBatch:
             num_seqs=num_seqs,
             max_chunk=max_chunk,
             max_cols=max_cols,
+            row_cols=capacity * bs,
             sink_cols=sinks,
             group_size=group_size,
             scale=1.0 / math.sqrt(head_dim),
@@ -142,11 +146,12 @@ class AttentionBatch:
         return q.permute(2, 0, 1, 3, 4).reshape(kvh, self.num_seqs, self.max_chunk * self.group_size, -1)
 
     def attend(self, q: Tensor, q_sink: Tensor | None, k_view: Tensor, v_view: Tensor) -> Tensor:
-        """Attention output ``[T, H * hd]``; ``k_view``/``v_view`` are ``[kvh, B * cols, hd]``."""
+        """Attention output ``[T, H * hd]``; ``k_view``/``v_view`` are ``[kvh, B * row_cols, hd]``."""
         kvh, _, hd = k_view.shape
         b, c, g, cols = self.num_seqs, self.max_chunk, self.group_size, self.max_cols
-        keys = k_view.view(kvh, b, cols, hd)
-        values = v_view.view(kvh, b, cols, hd)
+        # strided views, no copy: each row's first ``cols`` columns
+        keys = k_view.view(kvh, b, self.row_cols, hd)[:, :, :cols]
+        values = v_view.view(kvh, b, self.row_cols, hd)[:, :, :cols]
         scores = torch.matmul(self._to_heads(q), keys.transpose(-1, -2))
         if q_sink is not None and self.sink_cols:
             s = self.sink_cols
