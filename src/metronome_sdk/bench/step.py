@@ -38,19 +38,26 @@ def contexts_for(batch: int, lo: int = 128, hi: int = 272) -> list[int]:
     return [lo + (i * (hi - lo)) // batch for i in range(batch)]
 
 
-def _median_ms(step: Callable[[], None], steps: int) -> float:
-    step()  # warm-up
-    times = []
+def interleaved_medians(steppers: list[Callable[[], None]], steps: int) -> list[float]:
+    """Median ms per step of each stepper, their steps taken in turn (A, B, A, B, ...).
+
+    On a shared machine the load drifts over seconds; timing the engines one after the
+    other lets that drift into their ratio, taking their steps in turn does not.
+    """
+    for step in steppers:
+        step()  # warm-up
+    times: list[list[float]] = [[] for _ in steppers]
     for _ in range(steps):
-        t = time.perf_counter()
-        step()
-        times.append((time.perf_counter() - t) * 1e3)
-    return statistics.median(times)
+        for step, mine in zip(steppers, times, strict=True):
+            t = time.perf_counter()
+            step()
+            mine.append((time.perf_counter() - t) * 1e3)
+    return [statistics.median(mine) for mine in times]
 
 
-def engine_step_ms(model_name: str, contexts: list[int], steps: int, seed: int = 0) -> float:
+def engine_stepper(model_name: str, contexts: list[int], steps: int, seed: int = 0) -> Callable[[], None]:
     model = load_model(model_name)
-    need = sum(-(-(c + steps + 2) // 16) for c in contexts) + len(contexts)
+    need = sum(-(-(c + steps + 3) // 16) for c in contexts) + len(contexts)
     engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=need, block_size=16)
     gen = torch.Generator().manual_seed(seed)
     seqs = []
@@ -68,10 +75,10 @@ def engine_step_ms(model_name: str, contexts: list[int], steps: int, seed: int =
             assert o.token is not None, "a decode step stalled: the benchmark pool is too small"
             nxt[o.seq_id] = o.token
 
-    return _median_ms(step, steps)
+    return step
 
 
-def hf_step_ms(model_name: str, contexts: list[int], steps: int, seed: int = 0) -> float:
+def hf_stepper(model_name: str, contexts: list[int], seed: int = 0) -> Callable[[], None]:
     """HF ``LlamaForCausalLM`` with its ``DynamicCache``: left-padded batch, one token per step."""
     from transformers import LlamaForCausalLM
 
@@ -100,7 +107,11 @@ def hf_step_ms(model_name: str, contexts: list[int], steps: int, seed: int = 0) 
             )
             state.update(cache=o.past_key_values, mask=m, next=o.logits[:, -1].argmax(-1, keepdim=True))
 
-        return _median_ms(step, steps)
+    def stepped() -> None:
+        with torch.inference_mode():
+            step()
+
+    return stepped
 
 
 def run_step_bench(
@@ -119,12 +130,15 @@ def run_step_bench(
         ctx = contexts_for(batch)
         if on_progress:
             on_progress(f"batch {batch}: engine")
-        eng = engine_step_ms(model, ctx, steps)
-        hf = None
+        steppers = [engine_stepper(model, ctx, steps)]
         if with_hf:
             if on_progress:
                 on_progress(f"batch {batch}: HF transformers")
-            hf = hf_step_ms(model, ctx, steps)
+            steppers.append(hf_stepper(model, ctx))
+        if on_progress:
+            on_progress(f"batch {batch}: {steps} steps of each, in turn")
+        medians = interleaved_medians(steppers, steps)
+        eng, hf = medians[0], (medians[1] if with_hf else None)
         flops, moved = decode_step_cost(config, ctx)
         results.append(StepResult(batch, eng, hf, roof.floor_ms(flops, moved), min(ctx), max(ctx)))
     return roof, results

@@ -1,0 +1,61 @@
+"""``metronome bench step``: interleaved timing, the roofline's cost model, and the command on the real model."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from metronome_engine import ModelConfig
+from metronome_sdk.bench.roofline import Roofline, decode_step_cost
+from metronome_sdk.bench.step import contexts_for, interleaved_medians
+
+
+def test_steppers_take_their_steps_in_turn_after_one_warm_up_each() -> None:
+    calls: list[str] = []
+    medians = interleaved_medians([lambda: calls.append("engine"), lambda: calls.append("hf")], steps=3)
+    assert calls == ["engine", "hf"] * 4  # a warm-up each, then three rounds
+    assert len(medians) == 2 and all(m >= 0 for m in medians)
+
+
+def test_contexts_spread_over_the_range_the_same_for_both_engines() -> None:
+    ctx = contexts_for(32)
+    assert len(ctx) == 32 and min(ctx) == 128 and max(ctx) < 272
+    assert ctx == sorted(ctx) and contexts_for(1) == [128]
+
+
+def test_decode_cost_counts_every_weight_once_and_each_sessions_kv() -> None:
+    c = ModelConfig(
+        vocab_size=100,
+        hidden_size=8,
+        intermediate_size=16,
+        num_layers=2,
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=4,
+    )
+    weights = 2 * (8 * (8 + 2 * 4) + 8 * 8 + 3 * 8 * 16) + 100 * 8
+    flops, moved = decode_step_cost(c, [3, 5])
+    assert flops == 2.0 * weights * 2 + sum(4 * (n + 1) * 8 * 2 for n in (3, 5))
+    assert moved == 4.0 * weights + (4 + 6) * c.kv_bytes_per_token(4)
+    # the floor is the slower of compute and memory
+    roof = Roofline(gemm_gflops=1.0, copy_gbs=1.0)
+    assert roof.floor_ms(flops, moved) == max(flops, moved) / 1e9 * 1e3
+
+
+@pytest.mark.real_model
+@pytest.mark.timeout(600)
+def test_bench_step_json_beside_hf_and_the_floor() -> None:
+    cmd = [sys.executable, "-m", "metronome_sdk.cli", "bench", "step", "--batch", "1,2", "--steps", "2", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=580, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert [b["batch"] for b in report["batches"]] == [1, 2]
+    for b in report["batches"]:
+        assert b["engine_ms"] > 0 and b["hf_ms"] > 0 and b["floor_ms"] > 0
+        assert b["engine_vs_hf"] == pytest.approx(b["engine_ms"] / b["hf_ms"])
+        assert b["engine_vs_floor"] == pytest.approx(b["engine_ms"] / b["floor_ms"])
+    assert report["gemm_gflops"] > 0 and report["copy_gbs"] > 0
+    assert "in turn" in done.stderr  # the progress says how it was timed
