@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -108,3 +109,28 @@ def test_cli_prints_tables_and_rejects_bad_options(
     assert "too few" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["eval", "quality", "--windows", "a,b"])
+
+
+def test_oracle_positions_override_the_budget_and_each_slice_has_its_standard_error() -> None:
+    model, tok = tiny_runner(tiny_hf(0)), CharTokenizer()
+    cfg = QualityConfig.quick(
+        tokens=240, windows=(16,), slices=4, oracle_positions=30, gen_tokens=0, gen_window=16, dialog_turns=0
+    )
+    assert cfg.positions_per_slice(16, 60) == 30 and cfg.positions_per_slice(16, 20) == 20
+    report = run_quality(model, tok, tok.encode(TEXT), text="fox", text_sha256="0", config=cfg)
+    assert [len(p) for p in report.oracle_positions[16]] == [30, 30, 30, 30]
+    (check,) = [c for c in report.checks() if c["check"] == "sinks_within_5pct_of_recompute"]
+    errors = check["log_ratio_stderr_by_slice"]
+    assert len(errors) == 4 and all(e >= 0 for e in errors)
+    # the error is of the paired differences: a stream that scores exactly as the oracle has none
+    same = [0.0] * 240
+    for i, v in zip([i for p in report.oracle_positions[16] for i in p], report.oracle[16].nll, strict=True):
+        same[i] = v
+    twin = replace(report.windowed[(16, 4)], nll=same)
+    assert report.paired_stderr_by_slice(twin, 16) == [0.0] * 4
+
+
+@pytest.mark.parametrize("bad", [0, -3])
+def test_oracle_positions_must_be_positive(bad: int) -> None:
+    with pytest.raises(ValueError, match="oracle_positions"):
+        QualityConfig(oracle_positions=bad)
