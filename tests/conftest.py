@@ -2,9 +2,11 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
 
 import hypothesis.internal.observability  # noqa: F401
 import pytest
+import torch
 
 # hypothesis' pytest plugin imports this lazily at the very end of a run; compiling it then, with
 # aiortc and engine threads still alive, crashed CPython 3.11.7 ("AST constructor recursion depth
@@ -22,3 +24,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.get_closest_marker("timeout") is None:
             item.add_marker(pytest.mark.timeout(300))
+
+
+@pytest.fixture
+def one_torch_thread() -> Iterator[None]:
+    """One torch thread for the test: small models' steps take a millisecond on one thread, and
+    idle intra-op threads spinning against other processes on a 2-core machine make them far slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -28,12 +28,10 @@ import ast
 import inspect
 import re
 import types
-from collections.abc import Iterator
 from pathlib import Path
 
 import anyio
 import pytest
-import torch
 import yaml
 
 import metronome_sdk as metronome
@@ -73,11 +71,8 @@ def _check_printed(where: str, code: str, printed: str) -> None:
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread: None) -> None:
+    """Every test here runs on one torch thread (see tests/conftest.py)."""
 
 
 def test_the_docs_have_runnable_examples() -> None:

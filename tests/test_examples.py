@@ -9,13 +9,11 @@ import subprocess
 import sys
 import urllib.request
 import wave
-from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
 
 import anyio
 import pytest
-import torch
 
 from tests.webrtc.client import Call, answered, read_wav
 from tests.webrtc.conftest import speech_wav
@@ -29,11 +27,8 @@ TOKEN = "example-token"
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread: None) -> None:
+    """Every test here runs on one torch thread (see tests/conftest.py)."""
 
 
 def _load(name: str) -> ModuleType:

@@ -1,7 +1,5 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
-
 import pytest
 import torch
 
@@ -9,12 +7,8 @@ from metronome_engine import EngineCore
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    # as in tests/sdk: the tiny model's steps take a millisecond on one thread
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread: None) -> None:
+    """Every test here runs on one torch thread (see tests/conftest.py)."""
 
 
 def poison(core: EngineCore, seq_id: int) -> None:

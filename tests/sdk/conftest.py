@@ -1,9 +1,8 @@
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 
 import pytest
-import torch
 
 from metronome_engine import KVPolicy
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
@@ -32,13 +31,8 @@ class CharTokenizer:
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    # the tiny model's steps take a millisecond on one thread; idle intra-op threads spinning
-    # against other processes on a 2-core machine make them fifty times slower
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread: None) -> None:
+    """Every test here runs on one torch thread (see tests/conftest.py)."""
 
 
 def make_engine(

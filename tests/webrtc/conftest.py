@@ -3,13 +3,12 @@ from __future__ import annotations
 import shutil
 import subprocess
 import wave
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import numpy as np
 import numpy.typing as npt
 import pytest
-import torch
 
 from metronome_sdk import Engine
 from metronome_sdk.webrtc import ServerConfig, WebRTCServer
@@ -44,11 +43,8 @@ class ToneTTS:
 
 
 @pytest.fixture(autouse=True)
-def one_torch_thread() -> Iterator[None]:
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+def _one_thread(one_torch_thread: None) -> None:
+    """Every test here runs on one torch thread (see tests/conftest.py)."""
 
 
 def speech_wav(path: Path, text: str = QUESTION, *, silence: float = 1.5) -> Path:
