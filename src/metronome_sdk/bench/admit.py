@@ -20,27 +20,26 @@ from typing import Any
 
 import anyio
 
-from metronome_engine import EngineCore, KVPolicy
+from metronome_engine import EngineCore
 from metronome_engine.model import LlamaModel
 
 from .._config import AdmissionConfig, TimingConfig
 from .._engine import Engine
 from .workload import (
     Policy,
+    StreamExperiment,
     StreamSpec,
     WorkloadTrace,
     bench_model,
-    kv_policy,
     plan_arrivals,
     run_workload,
-    window_bound,
 )
 
 __all__ = ["AdmitConfig", "AdmitRun", "converged_cap", "run_admit", "summarize"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class AdmitConfig:
+class AdmitConfig(StreamExperiment):
     period: float = 0.5
     tokens_per_frame: int = 8
     window: int = 32
@@ -71,13 +70,6 @@ class AdmitConfig:
     @property
     def spec(self) -> StreamSpec:
         return StreamSpec(period=self.period, tokens_per_frame=self.tokens_per_frame, lead=0.05 * self.period)
-
-    def policy(self, kind: Policy) -> KVPolicy:
-        return kv_policy(kind, self.window, self.sinks)
-
-    @property
-    def session_bound(self) -> int:
-        return window_bound(self.window, self.sinks, self.block_size, self.spec.tokens_per_tick)
 
     @property
     def pool_blocks(self) -> int:

@@ -26,7 +26,7 @@ from typing import Any
 
 import anyio
 
-from metronome_engine import EngineCore, KVPolicy
+from metronome_engine import EngineCore
 from metronome_engine.model import LlamaModel
 
 from .._admission import percentile
@@ -34,13 +34,12 @@ from .._config import AdmissionConfig, TimingConfig
 from .._engine import Engine
 from .workload import (
     Policy,
+    StreamExperiment,
     StreamSpec,
     WorkloadTrace,
     bench_model,
-    kv_policy,
     plan_sessions,
     run_workload,
-    window_bound,
 )
 
 __all__ = [
@@ -55,7 +54,7 @@ __all__ = [
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class CliffConfig:
+class CliffConfig(StreamExperiment):
     sessions: int = 8
     runs: int = 20
     period: float = 0.08  # Moshi's 12.5 Hz
@@ -85,13 +84,6 @@ class CliffConfig:
         # a run measures the pool: frames queue rather than drop, so every tick appends; the lead is
         # wide because five engines share one event loop, and a frame that misses its tick stays behind
         return StreamSpec(period=p, tokens_per_frame=self.tokens_per_frame, lead=0.25 * p, drop_late=False)
-
-    def policy(self, kind: Policy) -> KVPolicy:
-        return kv_policy(kind, self.window, self.sinks)
-
-    @property
-    def session_bound(self) -> int:
-        return window_bound(self.window, self.sinks, self.block_size, self.spec.tokens_per_tick)
 
     @property
     def pool_blocks(self) -> int:

@@ -21,19 +21,27 @@ from typing import Any
 
 import anyio
 
-from metronome_engine import EngineCore, KVPolicy
+from metronome_engine import EngineCore
 from metronome_engine.model import LlamaModel
 
 from .._admission import percentile
 from .._config import AdmissionConfig, TimingConfig
 from .._engine import Engine
-from .workload import Policy, SessionPlan, StreamSpec, WorkloadTrace, bench_model, kv_policy, run_workload, window_bound
+from .workload import (
+    Policy,
+    SessionPlan,
+    StreamExperiment,
+    StreamSpec,
+    WorkloadTrace,
+    bench_model,
+    run_workload,
+)
 
 __all__ = ["SweepConfig", "SweepPoint", "n_sched", "run_sweep", "sweep_point_from_trace"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class SweepConfig:
+class SweepConfig(StreamExperiment):
     ns: tuple[int, ...] = (1, 2, 4, 6, 8, 10, 12, 14, 16)
     period: float = 0.5
     deadline: float | None = None  # the period
@@ -64,13 +72,6 @@ class SweepConfig:
     @property
     def measured_ticks(self) -> int:
         return max(3, round(self.ticks * self.time_scale))
-
-    def policy(self, kind: Policy) -> KVPolicy:
-        return kv_policy(kind, self.window, self.sinks)
-
-    @property
-    def session_bound(self) -> int:
-        return window_bound(self.window, self.sinks, self.block_size, self.spec.tokens_per_tick)
 
     @property
     def pool_blocks(self) -> int:

@@ -34,22 +34,11 @@ from .._stats import TickReport
 Policy = Literal["full", "window"]
 
 
-def kv_policy(kind: Policy, window: int, sinks: int) -> KVPolicy:
-    """The KV policy an experiment runs under: unbounded, or the window with its sinks."""
-    return KVPolicy.full() if kind == "full" else KVPolicy.windowed(window, sinks=sinks)
-
-
-def window_bound(window: int, sinks: int, block_size: int, tokens_per_tick: int) -> int:
-    """Blocks one windowed session holds at most while a tick appends ``tokens_per_tick``."""
-    bound = kv_policy("window", window, sinks).max_blocks(block_size, chunk=tokens_per_tick)
-    assert bound is not None  # a window policy is always bounded
-    return bound
-
-
 __all__ = [
     "FrameRecord",
     "SessionPlan",
     "SessionRecord",
+    "StreamExperiment",
     "StreamSpec",
     "WorkloadTrace",
     "bench_model",
@@ -119,6 +108,31 @@ class StreamSpec:
     def tokens_per_tick(self) -> int:
         """Tokens a streaming session appends each tick: its frame plus its fed-back output token."""
         return self.tokens_per_frame + 1
+
+
+class StreamExperiment:
+    """What the experiments' configs share: ``window`` + ``sinks`` over blocks of ``block_size``,
+    fed as ``spec`` says. Subclasses are dataclasses with those fields and a ``spec``."""
+
+    __slots__ = ()
+    window: int
+    sinks: int
+    block_size: int
+
+    @property
+    def spec(self) -> StreamSpec:
+        raise NotImplementedError
+
+    def policy(self, kind: Policy) -> KVPolicy:
+        """The KV policy a run is under: unbounded, or the window with its sinks."""
+        return KVPolicy.full() if kind == "full" else KVPolicy.windowed(self.window, sinks=self.sinks)
+
+    @property
+    def session_bound(self) -> int:
+        """Blocks one windowed session holds at most while a tick appends its frame."""
+        bound = self.policy("window").max_blocks(self.block_size, chunk=self.spec.tokens_per_tick)
+        assert bound is not None  # a window policy is always bounded
+        return bound
 
 
 @dataclass(slots=True)
