@@ -7,11 +7,13 @@ which must keep receiving its ``stats`` events on time, and must get an answer a
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import signal
 import subprocess
 import sys
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -46,6 +48,21 @@ async def _victim_talks(server: WebRTCServer, engine: Engine, base_blocks: int) 
     return victim
 
 
+@contextlib.asynccontextmanager
+async def _victim_beside_a_bystander(server: WebRTCServer, engine: Engine) -> AsyncIterator[tuple[Call, Call, int]]:
+    """A bystander connects, then a victim talks; yields (victim, bystander, the bystander's blocks)."""
+    bystander = await _bystander(server)
+    victim: Call | None = None
+    try:
+        base = engine.stats().used_blocks
+        victim = await _victim_talks(server, engine, base)
+        yield victim, bystander, base
+    finally:
+        if victim is not None:
+            await victim.close()
+        await bystander.close()
+
+
 async def _until_only_the_bystander_is_left(server: WebRTCServer, engine: Engine, timeout: float) -> None:
     async with asyncio.timeout(timeout):
         while server.peers > 1 or engine.stats().sessions > 1:
@@ -72,69 +89,57 @@ async def test_ice_failure_breaks_the_session_returns_its_blocks_and_others_keep
 ) -> None:
     # consent freshness (RFC 7675) every ~0.2 s instead of 5: a dark peer fails ICE in ~4 s, not 30
     monkeypatch.setattr(aioice.ice, "CONSENT_INTERVAL", 0.2)
-    async with tiny_server(tiny_engine, media_timeout=60.0) as server:  # so ICE, not silence, is what ends it
-        bystander = await _bystander(server)
-        base = tiny_engine.stats().used_blocks
-        victim = await _victim_talks(server, tiny_engine, base)
-        try:
-            since = time.monotonic()
-            with capture_logs() as logs:
-                victim.go_dark()
-                await _until_only_the_bystander_is_left(server, tiny_engine, 30)
-            assert {e["state"] for e in logs if e["event"] == "webrtc.connection"} & {"failed", "closed"}
-            assert _event(logs, "webrtc.peer_ended")["reason"] == "ice_failed"
-            failed = _event(logs, "webrtc.session_failed")
-            assert (failed["error"], failed["reason"]) == ("SessionBroken", "ice_failed")
-            assert tiny_engine.stats().used_blocks == base
-            await _assert_the_bystander_kept_its_beat(bystander, since)
-        finally:
-            await victim.close()
-            await bystander.close()
+    async with (
+        tiny_server(tiny_engine, media_timeout=60.0) as server,  # so ICE, not silence, is what ends it
+        _victim_beside_a_bystander(server, tiny_engine) as (victim, bystander, base),
+    ):
+        since = time.monotonic()
+        with capture_logs() as logs:
+            victim.go_dark()
+            await _until_only_the_bystander_is_left(server, tiny_engine, 30)
+        assert {e["state"] for e in logs if e["event"] == "webrtc.connection"} & {"failed", "closed"}
+        assert _event(logs, "webrtc.peer_ended")["reason"] == "ice_failed"
+        failed = _event(logs, "webrtc.session_failed")
+        assert (failed["error"], failed["reason"]) == ("SessionBroken", "ice_failed")
+        assert tiny_engine.stats().used_blocks == base
+        await _assert_the_bystander_kept_its_beat(bystander, since)
 
 
 async def test_a_data_channel_closed_mid_call_hangs_up_and_returns_the_blocks(tiny_engine: Engine) -> None:
-    async with tiny_server(tiny_engine) as server:
-        bystander = await _bystander(server)
-        base = tiny_engine.stats().used_blocks
-        victim = await _victim_talks(server, tiny_engine, base)
-        try:
-            since = time.monotonic()
-            with capture_logs() as logs:
-                victim.channel.close()  # the peer's events channel is gone; its audio still flows
-                await _until_only_the_bystander_is_left(server, tiny_engine, 15)
-            assert _event(logs, "webrtc.peer_ended")["reason"] == "channel_closed"
-            assert _event(logs, "webrtc.peer_closed")["ended_by"] == "channel_closed"
-            assert not [e for e in logs if e["event"] == "webrtc.session_failed"]  # a hang-up, not a failure
-            assert tiny_engine.stats().used_blocks == base
-            async with asyncio.timeout(10):  # the server hung up the whole call
-                while victim.pc.connectionState not in ("closed", "failed"):
-                    await asyncio.sleep(0.05)
-            await _assert_the_bystander_kept_its_beat(bystander, since)
-        finally:
-            await victim.close()
-            await bystander.close()
+    async with (
+        tiny_server(tiny_engine) as server,
+        _victim_beside_a_bystander(server, tiny_engine) as (victim, bystander, base),
+    ):
+        since = time.monotonic()
+        with capture_logs() as logs:
+            victim.channel.close()  # the peer's events channel is gone; its audio still flows
+            await _until_only_the_bystander_is_left(server, tiny_engine, 15)
+        assert _event(logs, "webrtc.peer_ended")["reason"] == "channel_closed"
+        assert _event(logs, "webrtc.peer_closed")["ended_by"] == "channel_closed"
+        assert not [e for e in logs if e["event"] == "webrtc.session_failed"]  # a hang-up, not a failure
+        assert tiny_engine.stats().used_blocks == base
+        async with asyncio.timeout(10):  # the server hung up the whole call
+            while victim.pc.connectionState not in ("closed", "failed"):
+                await asyncio.sleep(0.05)
+        await _assert_the_bystander_kept_its_beat(bystander, since)
 
 
 async def test_a_peer_that_stops_reading_is_shed_and_returns_its_blocks(tiny_engine: Engine) -> None:
-    async with tiny_server(tiny_engine, max_buffered=1024) as server:
-        bystander = await _bystander(server)
-        base = tiny_engine.stats().used_blocks
-        victim = await _victim_talks(server, tiny_engine, base)
-        try:
-            since = time.monotonic()
-            with capture_logs() as logs:
-                victim.stop_reading()
-                victim.microphone.say(tone(0.6))  # a turn: frame and transcript events pile up unread
-                await _until_only_the_bystander_is_left(server, tiny_engine, 40)
-            shed = _event(logs, "webrtc.slow_consumer")
-            assert shed["buffered"] > shed["limit"] == 1024
-            failed = _event(logs, "webrtc.session_failed")
-            assert (failed["error"], failed["reason"]) == ("SessionBroken", "slow_consumer")
-            assert tiny_engine.stats().used_blocks == base
-            await _assert_the_bystander_kept_its_beat(bystander, since)
-        finally:
-            await victim.close()
-            await bystander.close()
+    async with (
+        tiny_server(tiny_engine, max_buffered=1024) as server,
+        _victim_beside_a_bystander(server, tiny_engine) as (victim, bystander, base),
+    ):
+        since = time.monotonic()
+        with capture_logs() as logs:
+            victim.stop_reading()
+            victim.microphone.say(tone(0.6))  # a turn: frame and transcript events pile up unread
+            await _until_only_the_bystander_is_left(server, tiny_engine, 40)
+        shed = _event(logs, "webrtc.slow_consumer")
+        assert shed["buffered"] > shed["limit"] == 1024
+        failed = _event(logs, "webrtc.session_failed")
+        assert (failed["error"], failed["reason"]) == ("SessionBroken", "slow_consumer")
+        assert tiny_engine.stats().used_blocks == base
+        await _assert_the_bystander_kept_its_beat(bystander, since)
 
 
 async def test_a_vanished_client_closes_its_session_and_returns_its_blocks(tiny_engine: Engine) -> None:
