@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from metronome_engine import EngineCore, KVPolicy, StepRequest
+from metronome_engine.model import LlamaModel
 from metronome_engine.weights import load_model, resolve_model_dir
 
 from .roofline import Roofline, decode_step_cost, measure_roofline
@@ -55,8 +56,7 @@ def interleaved_medians(steppers: list[Callable[[], None]], steps: int) -> list[
     return [statistics.median(mine) for mine in times]
 
 
-def engine_stepper(model_name: str, contexts: list[int], steps: int, seed: int = 0) -> Callable[[], None]:
-    model = load_model(model_name)
+def engine_stepper(model: LlamaModel, contexts: list[int], steps: int, seed: int = 0) -> Callable[[], None]:
     need = sum(-(-(c + steps + 3) // 16) for c in contexts) + len(contexts)
     engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=need, block_size=16)
     gen = torch.Generator().manual_seed(seed)
@@ -124,13 +124,13 @@ def run_step_bench(
     on_progress: Callable[[str], None] | None = None,
 ) -> tuple[Roofline, list[StepResult]]:
     roof = roofline or measure_roofline()
-    config = load_model(model).config
+    weights = load_model(model)  # once: every batch's engine serves the same weights
     results = []
     for batch in batches:
         ctx = contexts_for(batch)
         if on_progress:
             on_progress(f"batch {batch}: engine")
-        steppers = [engine_stepper(model, ctx, steps)]
+        steppers = [engine_stepper(weights, ctx, steps)]
         if with_hf:
             if on_progress:
                 on_progress(f"batch {batch}: HF transformers")
@@ -139,6 +139,6 @@ def run_step_bench(
             on_progress(f"batch {batch}: {steps} steps of each, in turn")
         medians = interleaved_medians(steppers, steps)
         eng, hf = medians[0], (medians[1] if with_hf else None)
-        flops, moved = decode_step_cost(config, ctx)
+        flops, moved = decode_step_cost(weights.config, ctx)
         results.append(StepResult(batch, eng, hf, roof.floor_ms(flops, moved), min(ctx), max(ctx)))
     return roof, results
