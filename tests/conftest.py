@@ -26,6 +26,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.timeout(300))
 
 
+@pytest.fixture(params=["torch", "fused"])
+def kernels(request: pytest.FixtureRequest) -> str:
+    """Both of the engine's paths: plain torch ops, and the fused kernels (kernels/ops.cpp)."""
+    return str(request.param)
+
+
 @pytest.fixture
 def one_torch_thread() -> Iterator[None]:
     """One torch thread for the test: small models' steps take a millisecond on one thread, and

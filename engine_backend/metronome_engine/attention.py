@@ -20,7 +20,7 @@ from .batch_view import HOLE
 from .kv_policy import KVPolicy
 from .sequence import SequenceKV
 
-__all__ = ["AttentionBatch", "SeqChunk"]
+__all__ = ["AttentionBatch", "SeqChunk", "StepTokens"]
 
 _PAD = 1 << 62  # stream index of a column outside every span (a hole, or past a row's end)
 
@@ -35,14 +35,49 @@ class SeqChunk:
 
 
 @dataclass(frozen=True, slots=True)
-class AttentionBatch:
+class StepTokens:
+    """Where each of a step's new tokens sits: what both attention paths need of it."""
+
     positions: Tensor  # [T] stream index of each new token
     sink_positions: Tensor | None  # [T] in-cache position of each new token (bounded policy with sinks)
     slot_mapping: Tensor  # [T] pool slot each new token's K/V is written to
+    logit_rows: Tensor | None  # rows of [T] whose logits are wanted; None for all
+
+    @classmethod
+    def build(cls, policy: KVPolicy, chunks: Sequence[SeqChunk], *, device: torch.device) -> StepTokens:
+        positions: list[int] = []
+        slot_mapping: list[int] = []
+        logit_rows: list[int] = []
+        for ch in chunks:
+            t0, base = ch.seq.num_tokens, len(positions)
+            positions.extend(range(t0, t0 + ch.n_new))
+            slot_mapping.extend(ch.seq.slots(t0, t0 + ch.n_new))
+            if ch.all_logits:
+                logit_rows.extend(range(base, base + ch.n_new))
+            else:
+                logit_rows.append(base + ch.n_new - 1)
+        pos = torch.tensor(positions, dtype=torch.int64)
+        sink_positions: Tensor | None = None
+        if policy.window is not None and policy.sinks:
+            # in-cache position of query t: (sinks it sees) + (window tokens it sees) - 1
+            n_sink_t = torch.clamp(pos + 1, max=policy.sinks)
+            lo_t = torch.clamp(pos - policy.window + 1, min=policy.sinks)
+            sink_positions = n_sink_t + torch.clamp(pos - lo_t + 1, min=0) - 1
+        all_rows = len(logit_rows) == len(positions)
+        return cls(
+            positions=pos.to(device),
+            sink_positions=sink_positions.to(device) if sink_positions is not None else None,
+            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
+            logit_rows=None if all_rows else torch.tensor(logit_rows, dtype=torch.int64, device=device),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class AttentionBatch:
+    tokens: StepTokens
     view_mapping: Tensor  # [T] column of the batch view each new token's K/V is written to
     q_index: Tensor | None  # [T] row in the padded [B * Cmax] query layout; None when T == B * Cmax
     mask: Tensor  # [B, Cmax, cols] additive mask, 0 or -inf
-    logit_rows: Tensor | None  # rows of [T] whose logits are wanted; None for all
     num_seqs: int
     max_chunk: int
     max_cols: int  # columns attention reads per row: up to the last block any row uses
@@ -71,30 +106,21 @@ class AttentionBatch:
         # a row's spare blocks past every row's last block hold nothing: attention stops before them
         used = max(len(row) for row in view_rows)
         max_cols = used * bs
-        positions: list[int] = []
-        slot_mapping: list[int] = []
+        tokens = StepTokens.build(policy, chunks, device=device)
         view_mapping: list[int] = []
         q_index: list[int] = []
-        logit_rows: list[int] = []
         kpos = torch.full((num_seqs, used, bs), _PAD, dtype=torch.int64)
         offsets = torch.arange(bs, dtype=torch.int64)
         for b, (ch, row) in enumerate(zip(chunks, view_rows, strict=True)):
-            seq, t0 = ch.seq, ch.seq.num_tokens
+            t0 = ch.seq.num_tokens
             t1 = t0 + ch.n_new - 1
-            base = len(positions)
-            positions.extend(range(t0, t1 + 1))
-            slot_mapping.extend(seq.slots(t0, t1 + 1))
             where = {lb: vb for vb, lb in enumerate(row) if lb != HOLE}
             view_mapping.extend((b * capacity + where[j // bs]) * bs + j % bs for j in range(t0, t1 + 1))
             q_index.extend(range(b * max_chunk, b * max_chunk + ch.n_new))
-            if ch.all_logits:
-                logit_rows.extend(range(base, base + ch.n_new))
-            else:
-                logit_rows.append(base + ch.n_new - 1)
             logical = torch.tensor(row, dtype=torch.int64)
             kpos[b, : len(row)] = torch.where(logical[:, None] == HOLE, _PAD, logical[:, None] * bs + offsets)
         kpos = kpos.view(num_seqs, max_cols)
-        pos = torch.tensor(positions, dtype=torch.int64)
+        pos = tokens.positions.cpu()
         qidx = torch.tensor(q_index, dtype=torch.int64)
         # padded query rows repeat their session's last token, so no row of the mask is empty
         qpos = torch.empty(num_seqs * max_chunk, dtype=torch.int64)
@@ -104,28 +130,18 @@ class AttentionBatch:
         qpos = qpos.view(num_seqs, max_chunk, 1)
         k = kpos.view(num_seqs, 1, max_cols)
         valid: Tensor
-        sink_positions: Tensor | None = None
         if window is None:
             valid = k <= qpos
         else:
             lo = torch.clamp(qpos - window + 1, min=sinks)
             is_sink_col = torch.arange(max_cols).view(1, 1, max_cols) < sinks
             valid = torch.where(is_sink_col, k <= qpos, (k >= lo) & (k <= qpos))
-            if sinks:
-                # in-cache position of query t: (sinks it sees) + (window tokens it sees) - 1
-                n_sink_t = torch.clamp(pos + 1, max=sinks)
-                lo_t = torch.clamp(pos - window + 1, min=sinks)
-                sink_positions = n_sink_t + torch.clamp(pos - lo_t + 1, min=0) - 1
         mask = torch.zeros(valid.shape, dtype=torch.float32).masked_fill_(~valid, float("-inf"))
-        all_rows = len(logit_rows) == len(positions)
         return cls(
-            positions=pos.to(device),
-            sink_positions=sink_positions.to(device) if sink_positions is not None else None,
-            slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
+            tokens=tokens,
             view_mapping=torch.tensor(view_mapping, dtype=torch.int64, device=device),
-            q_index=None if len(positions) == num_seqs * max_chunk else qidx.to(device),
+            q_index=None if len(pos) == num_seqs * max_chunk else qidx.to(device),
             mask=mask.to(device),
-            logit_rows=None if all_rows else torch.tensor(logit_rows, dtype=torch.int64, device=device),
             num_seqs=num_seqs,
             max_chunk=max_chunk,
             max_cols=max_cols,

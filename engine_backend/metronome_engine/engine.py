@@ -15,21 +15,44 @@ import itertools
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal
 
 import torch
 from torch import Tensor
 
-from .attention import AttentionBatch, SeqChunk
+from .attention import AttentionBatch, SeqChunk, StepTokens
 from .backend import validate_step
 from .batch_view import BatchView
 from .block_pool import BlockPool
 from .kv_cache import KVCache
 from .kv_policy import KVPolicy
 from .model import LlamaModel
+from .paged import PagedBatch
 from .sampling import SamplingParams, sample
 from .sequence import SequenceKV
 
-__all__ = ["EngineCore", "StepRequest", "StepOutput", "Stall", "PoolStats"]
+__all__ = ["EngineCore", "Kernels", "StepRequest", "StepOutput", "Stall", "PoolStats"]
+
+# "fused": the compiled kernels (kernels/ops.cpp), which fail loudly if they cannot build;
+# "torch": plain torch ops; "auto": fused where they build (CPU, float32), else torch
+Kernels = Literal["auto", "fused", "torch"]
+
+
+def _use_fused(kernels: Kernels, device: torch.device) -> bool:
+    from . import kernels as fused_kernels
+
+    if kernels not in ("auto", "fused", "torch"):
+        raise ValueError(f"kernels must be 'auto', 'fused' or 'torch', got {kernels!r}")
+    if kernels == "torch":
+        return False
+    if device.type != "cpu":
+        if kernels == "fused":
+            raise ValueError(f"kernels='fused' runs on the CPU only, the model is on {device}; use kernels='auto'")
+        return False
+    if kernels == "fused":
+        fused_kernels.load()
+        return True
+    return fused_kernels.available()
 
 
 class Stall(enum.Enum):
@@ -106,6 +129,7 @@ class EngineCore:
         num_blocks: int | None = None,
         memory_bytes: int | None = None,
         block_size: int = 16,
+        kernels: Kernels = "auto",
     ) -> None:
         if (num_blocks is None) == (memory_bytes is None):
             raise ValueError("give exactly one of num_blocks or memory_bytes to size the block pool")
@@ -131,6 +155,14 @@ class EngineCore:
         self.bytes_per_block = bytes_per_block
         self.cache = KVCache(self.config, self.pool.num_blocks, block_size, device=self.device)
         self.view = BatchView()
+        self.fused = _use_fused(kernels, self.device)
+        if self.fused:
+            model.pack_weights()
+        elif model.packed:
+            raise ValueError(
+                "this model's weights are packed for the fused kernels by another engine; "
+                "load the model again for kernels='torch'"
+            )
         self._seqs: dict[int, _Seq] = {}
         self._ids = itertools.count(1)
 
@@ -141,11 +173,21 @@ class EngineCore:
         *,
         policy: KVPolicy,
         device: str = "cpu",
-        **pool: int,
+        num_blocks: int | None = None,
+        memory_bytes: int | None = None,
+        block_size: int = 16,
+        kernels: Kernels = "auto",
     ) -> EngineCore:
         from .weights import load_model
 
-        return cls(load_model(model, device=device), policy=policy, **pool)
+        return cls(
+            load_model(model, device=device),
+            policy=policy,
+            num_blocks=num_blocks,
+            memory_bytes=memory_bytes,
+            block_size=block_size,
+            kernels=kernels,
+        )
 
     # sessions ------------------------------------------------------------------------------------
 
@@ -214,7 +256,10 @@ class EngineCore:
                 raise
         return [outputs[r.seq_id] for r in requests]
 
-    def _run(self, chunks: list[SeqChunk], served: list[StepRequest], outputs: dict[int, StepOutput]) -> None:
+    def _forward(self, chunks: list[SeqChunk], ids: Tensor) -> tuple[Tensor, StepTokens]:
+        if self.fused:
+            paged = PagedBatch.build(self.policy, chunks, device=self.device)
+            return self.model.forward_fused(ids, paged, self.cache), paged.tokens
         rows = self.view.prepare(self.cache, [ch.seq for ch in chunks])
         batch = AttentionBatch.build(
             self.policy,
@@ -225,18 +270,24 @@ class EngineCore:
             group_size=self.config.group_size,
             device=self.device,
         )
+        return self.model(ids, batch, self.cache, self.view), batch.tokens
+
+    def _run(self, chunks: list[SeqChunk], served: list[StepRequest], outputs: dict[int, StepOutput]) -> None:
         ids = torch.tensor([t for r in served for t in r.tokens], dtype=torch.int64, device=self.device)
-        hidden = self.model(ids, batch, self.cache, self.view)
+        hidden, tokens = self._forward(chunks, ids)
         logits = self.model.logits(hidden)
         # row of each session's last token, and its rows when it asked for all of them
         spans: list[tuple[int, int]] = []
         row = 0
         for ch, req in zip(chunks, served, strict=True):
-            n_rows = ch.n_new if (req.all_logits or batch.logit_rows is None) else 1
+            n_rows = ch.n_new if (req.all_logits or tokens.logit_rows is None) else 1
             spans.append((row, row + n_rows))
             row += n_rows
-        last_rows = torch.tensor([end - 1 for _, end in spans], device=logits.device)
-        greedy = logits.index_select(0, last_rows).argmax(dim=-1).tolist()  # one call for the batch
+        # one call for the batch; a decode step's logits are already one row per session
+        last = logits
+        if logits.shape[0] != len(spans):
+            last = logits.index_select(0, torch.tensor([end - 1 for _, end in spans], device=logits.device))
+        greedy = last.argmax(dim=-1).tolist()
         # one check for the batch: which rows hold a NaN or an inf. A row's sum is non-finite
         # exactly then (finite logits are far too small to overflow a float32 sum): one pass
         finite = torch.isfinite(logits.sum(dim=-1)).tolist()

@@ -14,7 +14,8 @@ The result equals rotating every resident token at its cache position ``0..S+W-1
 
 from __future__ import annotations
 
-from typing import cast
+import math
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.nn.functional as F
@@ -25,7 +26,12 @@ from .batch_view import BatchView
 from .config import ModelConfig
 from .kv_cache import KVCache
 
-__all__ = ["LlamaModel", "rope_cos_sin", "apply_rope"]
+if TYPE_CHECKING:
+    from .paged import PagedBatch
+
+__all__ = ["LlamaModel", "rope_cos_sin", "apply_rope", "pack_panels"]
+
+PANEL = 32  # columns per panel of a packed weight (kPanel in kernels/ops.cpp)
 
 
 def rope_cos_sin(inv_freq: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -61,14 +67,45 @@ class LlamaModel(nn.Module):
         self.norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.packed = False  # dense weights in the fused kernels' panels (see pack_weights)
+
+    def pack_weights(self) -> None:
+        """Put the dense weights, in place, into the panels the fused kernels stream
+        (``[ceil(N / 32), K, 32]`` for a ``[K, N]`` weight). No copy is kept: afterwards the
+        model serves engines with fused kernels only. Idempotent."""
+        if self.packed:
+            return
+        with torch.no_grad():
+            for layer in self._layers():
+                for name in ("qkv", "o_proj", "gate_up", "down_proj"):
+                    setattr(layer, name, nn.Parameter(pack_panels(getattr(layer, name)), requires_grad=False))
+            head = nn.Parameter(pack_panels(self.lm_head.t()), requires_grad=False)
+            if self.config.tie_word_embeddings:
+                self.embed = head  # looked up from the panels: a tied model keeps one copy
+            self.lm_head = head
+        self.packed = True
+
+    def _require_unpacked(self) -> None:
+        if self.packed:
+            raise ValueError(
+                "this model's weights are packed for the fused kernels (pack_weights); "
+                "load the model again for an engine with kernels='torch'"
+            )
+
+    def _embed(self, input_ids: Tensor) -> Tensor:
+        if self.packed and self.config.tie_word_embeddings:
+            return self.embed[input_ids // PANEL, :, input_ids % PANEL]
+        return F.embedding(input_ids, self.embed)
 
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, batch: AttentionBatch, cache: KVCache, view: BatchView) -> Tensor:
-        """Hidden states after the final norm for the rows ``batch.logit_rows``."""
+        """Hidden states after the final norm for the rows ``batch.tokens.logit_rows``."""
+        self._require_unpacked()
         c = self.config
         x = F.embedding(input_ids, self.embed)
-        cos, sin = rope_cos_sin(self.inv_freq, batch.positions)
-        sink_rope = rope_cos_sin(self.inv_freq, batch.sink_positions) if batch.sink_positions is not None else None
+        tokens = batch.tokens
+        cos, sin = rope_cos_sin(self.inv_freq, tokens.positions)
+        sink_rope = rope_cos_sin(self.inv_freq, tokens.sink_positions) if tokens.sink_positions is not None else None
         for i, layer in enumerate(self._layers()):
             h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = torch.mm(h, layer.qkv)
@@ -82,8 +119,8 @@ class LlamaModel(nn.Module):
             # this step's K/V go to the pool (the truth) and to the batch view (what attention
             # reads), before attention, so each token sees itself
             k_t, v_t = k.transpose(0, 1), v.transpose(0, 1)
-            cache.k[i].index_copy_(1, batch.slot_mapping, k_t)
-            cache.v[i].index_copy_(1, batch.slot_mapping, v_t)
+            cache.k[i].index_copy_(1, tokens.slot_mapping, k_t)
+            cache.v[i].index_copy_(1, tokens.slot_mapping, v_t)
             k_view, v_view = view.layer(i)
             k_view.index_copy_(1, batch.view_mapping, k_t)
             v_view.index_copy_(1, batch.view_mapping, v_t)
@@ -92,18 +129,64 @@ class LlamaModel(nn.Module):
             h = _rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gate, up = torch.mm(h, layer.gate_up).chunk(2, dim=-1)
             x = x + torch.mm(F.silu(gate) * up, layer.down_proj)
-        x = x[batch.logit_rows] if batch.logit_rows is not None else x
+        x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
         return _rms_norm(x, self.norm, c.rms_norm_eps)
+
+    @torch.inference_mode()
+    def forward_fused(self, input_ids: Tensor, batch: PagedBatch, cache: KVCache) -> Tensor:
+        """``forward`` on the fused kernels (``kernels/ops.cpp``) and packed weights: nine
+        calls a layer, and attention reads each session's blocks in place in the pool."""
+        c = self.config
+        ops = torch.ops.metronome
+        self.pack_weights()
+        tokens = batch.tokens
+        x = self._embed(input_ids)
+        cos, sin = rope_cos_sin(self.inv_freq, tokens.positions)
+        sink_cos = sink_sin = None
+        if tokens.sink_positions is not None:
+            sink_cos, sink_sin = rope_cos_sin(self.inv_freq, tokens.sink_positions)
+        scale = 1.0 / math.sqrt(c.head_dim)
+        for i, layer in enumerate(self._layers()):
+            k_cache, v_cache = cache.k[i], cache.v[i]
+            h = ops.rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            qkv = ops.packed_linear(h, layer.qkv, layer.q_out + 2 * layer.kv_out, None)
+            q, q_sink = ops.rope_store(
+                qkv, cos, sin, sink_cos, sink_sin, tokens.slot_mapping, k_cache, v_cache, c.num_heads
+            )
+            attn = ops.paged_attention(
+                q,
+                q_sink if sink_cos is not None else None,
+                k_cache,
+                v_cache,
+                batch.query_start,
+                tokens.positions,
+                batch.block_logical,
+                batch.block_physical,
+                batch.block_count,
+                batch.block_size,
+                batch.window,
+                batch.sinks,
+                scale,
+            )
+            x = ops.packed_linear(attn, layer.o_proj, c.hidden_size, x)
+            h = ops.rms_norm(x, layer.post_norm, c.rms_norm_eps)
+            act = ops.silu_mul(ops.packed_linear(h, layer.gate_up, 2 * c.intermediate_size, None))
+            x = ops.packed_linear(act, layer.down_proj, c.hidden_size, x)
+        x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
+        return cast(Tensor, ops.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
 
     def _layers(self) -> list[_Layer]:
         return [cast(_Layer, layer) for layer in self.layers]
 
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
+        if self.packed:
+            return cast(Tensor, torch.ops.metronome.packed_linear(hidden, self.lm_head, self.config.vocab_size, None))
         return F.linear(hidden, self.lm_head)
 
     def load_hf_state_dict(self, state: dict[str, Tensor]) -> None:
         """Copy weights named as in HF ``LlamaForCausalLM``; fuses q/k/v and gate/up."""
+        self._require_unpacked()
         c = self.config
         missing: list[str] = []
 
@@ -154,6 +237,15 @@ class _Layer(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(f, h), requires_grad=False)
         self.input_norm = nn.Parameter(torch.ones(h), requires_grad=False)
         self.post_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+
+
+def pack_panels(weight: Tensor) -> Tensor:
+    """``[K, N]`` -> ``[ceil(N / PANEL), K, PANEL]``, the last panel zero-padded."""
+    k, n = weight.shape
+    panels = -(-n // PANEL)
+    padded = weight.new_zeros(k, panels * PANEL)
+    padded[:, :n] = weight
+    return padded.view(k, panels, PANEL).permute(1, 0, 2).contiguous()
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

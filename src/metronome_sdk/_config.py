@@ -48,7 +48,9 @@ class EngineConfig:
     ``kv="window"`` bounds every session to its first ``sinks`` tokens plus its last
     ``window`` tokens; ``kv="full"`` keeps everything (unbounded: the baseline that
     falls off the cliff). Size the pool with ``num_blocks`` or ``memory_bytes``; with
-    neither, the pool takes 256 MiB.
+    neither, the pool takes 256 MiB. ``kernels`` picks the engine's CPU path: ``"auto"``
+    (the fused kernels where they build, else plain torch), ``"fused"`` (fail if they
+    cannot build) or ``"torch"``.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -59,6 +61,7 @@ class EngineConfig:
     memory_bytes: int | None = None
     block_size: int = 16
     device: str = "cpu"
+    kernels: Literal["auto", "fused", "torch"] = "auto"
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -76,6 +79,8 @@ class EngineConfig:
         _positive_int("block_size", self.block_size, "16 is a good default")
         if not isinstance(self.device, str) or not self.device:
             raise ValueError(f"device must be a torch device name, got {self.device!r}; try 'cpu' or 'cuda'")
+        if self.kernels not in ("auto", "fused", "torch"):
+            raise ValueError(f"kernels must be 'auto', 'fused' or 'torch', got {self.kernels!r}; 'auto' is the default")
 
     def kv_policy(self) -> KVPolicy:
         if self.kv == "full":

@@ -59,8 +59,9 @@ _GROWTH_WINDOW = 64  # ticks the growth rate r is measured over
 
 
 @functools.lru_cache(maxsize=4)
-def _shared_model(model: str, device: str) -> Any:
-    # weights are read-only at inference: engines of the same model share them
+def _shared_model(model: str, device: str, kernels: str) -> Any:
+    # weights are read-only at inference: engines of the same model share them. One copy
+    # per kernel choice: the fused kernels pack the weights in place (torch cannot read them)
     from metronome_engine.weights import load_model
 
     return load_model(model, device=device)
@@ -231,8 +232,16 @@ class Engine:
         cfg = self.config
         assert cfg is not None  # a core-less engine always has a config
         if self._core is None:
-            model = _shared_model(cfg.model, cfg.device)
-            self._core = EngineCore(model, policy=cfg.kv_policy(), block_size=cfg.block_size, **cfg.pool_size())
+            model = _shared_model(cfg.model, cfg.device, cfg.kernels)
+            pool = cfg.pool_size()
+            self._core = EngineCore(
+                model,
+                policy=cfg.kv_policy(),
+                num_blocks=pool.get("num_blocks"),
+                memory_bytes=pool.get("memory_bytes"),
+                block_size=cfg.block_size,
+                kernels=cfg.kernels,
+            )
         if self._tokenizer is None:
             self._tokenizer = _shared_tokenizer(cfg.model)
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from metronome_engine import EngineCore, KVPolicy, SamplingParams, Stall, StepRequest
+from metronome_engine.engine import Kernels
 from metronome_engine.weights import load_model
 
 from .tiny import VOCAB, tiny_engine, tiny_hf, tiny_runner
@@ -80,8 +81,8 @@ def test_closing_sessions_returns_every_block() -> None:
     assert engine.pool_stats().used_blocks == 0 and engine.pool_stats().sequences == 0
 
 
-def test_a_failed_step_gives_back_its_reservations() -> None:
-    engine = tiny_engine(KVPolicy.full(), num_blocks=16, block_size=4)
+def test_a_failed_step_gives_back_its_reservations(kernels: Kernels) -> None:
+    engine = tiny_engine(KVPolicy.full(), num_blocks=16, block_size=4, kernels=kernels)
     a = engine.add_sequence()
     engine.step([StepRequest(a, [1, 2, 3, 4])])
     before = engine.pool_stats().used_blocks
@@ -89,7 +90,7 @@ def test_a_failed_step_gives_back_its_reservations() -> None:
     def boom(*_: object) -> None:
         raise RuntimeError("injected")
 
-    engine.model.forward = boom  # type: ignore[method-assign,assignment]
+    setattr(engine.model, "forward_fused" if kernels == "fused" else "forward", boom)
     with pytest.raises(RuntimeError, match="injected"):
         engine.step([StepRequest(a, [5, 6, 7, 8, 9])])
     assert engine.pool_stats().used_blocks == before and engine.sequence_length(a) == 4
@@ -119,9 +120,9 @@ def test_bad_sampling_params_name_the_field(kwargs: dict[str, float], field: str
         SamplingParams(**kwargs)  # type: ignore[arg-type]
 
 
-def test_a_windowed_session_runs_past_the_trained_positions() -> None:
+def test_a_windowed_session_runs_past_the_trained_positions(kernels: Kernels) -> None:
     # the tiny model is trained for 256 positions; a windowed session never rotates past S+W
-    engine = tiny_engine(KVPolicy.windowed(8, sinks=2), num_blocks=16, block_size=4)
+    engine = tiny_engine(KVPolicy.windowed(8, sinks=2), num_blocks=16, block_size=4, kernels=kernels)
     s = engine.add_sequence()
     gen = torch.Generator().manual_seed(0)
     for _ in range(20):

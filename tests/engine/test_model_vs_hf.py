@@ -5,6 +5,7 @@ from __future__ import annotations
 import torch
 
 from metronome_engine import EngineCore, KVPolicy, StepRequest
+from metronome_engine.engine import Kernels
 
 from .tiny import VOCAB, tiny_hf, tiny_runner
 
@@ -13,9 +14,9 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).abs().max() / b.abs().max())
 
 
-def test_chunked_prefill_then_decode_matches_hf() -> None:
+def test_chunked_prefill_then_decode_matches_hf(kernels: Kernels) -> None:
     hf = tiny_hf(1, tie=False)
-    engine = EngineCore(tiny_runner(hf), policy=KVPolicy.full(), num_blocks=64, block_size=4)
+    engine = EngineCore(tiny_runner(hf), policy=KVPolicy.full(), num_blocks=64, block_size=4, kernels=kernels)
     gen = torch.Generator().manual_seed(7)
     streams = [torch.randint(0, VOCAB, (40,), generator=gen).tolist() for _ in range(4)]
     prefill = [1, 5, 9, 13]  # different lengths, block-aligned and not
@@ -40,9 +41,9 @@ def test_chunked_prefill_then_decode_matches_hf() -> None:
                 assert out.num_tokens == c
 
 
-def test_greedy_generation_matches_hf_generate() -> None:
+def test_greedy_generation_matches_hf_generate(kernels: Kernels) -> None:
     hf = tiny_hf(2)
-    engine = EngineCore(tiny_runner(hf), policy=KVPolicy.full(), num_blocks=64, block_size=4)
+    engine = EngineCore(tiny_runner(hf), policy=KVPolicy.full(), num_blocks=64, block_size=4, kernels=kernels)
     prompt = [3, 14, 15, 92, 65, 35]
     seq = engine.add_sequence()
     out = engine.step([StepRequest(seq, prompt)])[0]

@@ -12,6 +12,7 @@ import torch.nn.functional as F
 from transformers import LlamaForCausalLM
 
 from metronome_engine import EngineCore, KVPolicy, StepRequest
+from metronome_engine.engine import Kernels
 
 from .tiny import VOCAB, tiny_hf, tiny_runner
 
@@ -80,22 +81,22 @@ def stream_logits(engine: EngineCore, tokens: list[int], chunks: list[int]) -> t
 
 
 @pytest.mark.parametrize(("window", "sinks", "block_size"), [(8, 4, 4), (7, 0, 4), (6, 3, 4), (5, 2, 16)])
-def test_window_equals_dense_reference(window: int, sinks: int, block_size: int) -> None:
+def test_window_equals_dense_reference(window: int, sinks: int, block_size: int, kernels: Kernels) -> None:
     hf = tiny_hf(3)
     tokens = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(5)).tolist()
     ref = dense_reference(hf, tokens, window, sinks)
     policy = KVPolicy.windowed(window, sinks=sinks)
     for chunks in ([1] * 60, [7, 1, 13, 2, 30, 7]):  # token by token, and uneven chunks
-        engine = EngineCore(tiny_runner(hf), policy=policy, num_blocks=64, block_size=block_size)
+        engine = EngineCore(tiny_runner(hf), policy=policy, num_blocks=64, block_size=block_size, kernels=kernels)
         got = stream_logits(engine, tokens, chunks)
         assert float((got - ref).abs().max() / ref.abs().max()) < 1e-4
 
 
-def test_full_policy_equals_dense_reference_and_window_differs() -> None:
+def test_full_policy_equals_dense_reference_and_window_differs(kernels: Kernels) -> None:
     hf = tiny_hf(4)
     tokens = torch.randint(0, VOCAB, (40,), generator=torch.Generator().manual_seed(6)).tolist()
     full = dense_reference(hf, tokens, None, 0)
-    engine = EngineCore(tiny_runner(hf), policy=KVPolicy.full(), num_blocks=64, block_size=4)
+    engine = EngineCore(tiny_runner(hf), policy=KVPolicy.full(), num_blocks=64, block_size=4, kernels=kernels)
     assert float((stream_logits(engine, tokens, [40]) - full).abs().max() / full.abs().max()) < 1e-4
     # the scheme matters: original positions give different logits once the window slid
     in_cache = dense_reference(hf, tokens, 8, 4)
@@ -104,13 +105,13 @@ def test_full_policy_equals_dense_reference_and_window_differs() -> None:
     assert float((in_cache[:12] - original[:12]).abs().max()) < 1e-4
 
 
-def test_batch_of_windowed_sessions_matches_each_alone() -> None:
+def test_batch_of_windowed_sessions_matches_each_alone(kernels: Kernels) -> None:
     hf = tiny_hf(5)
     policy = KVPolicy.windowed(6, sinks=2)
     gen = torch.Generator().manual_seed(9)
     streams = [torch.randint(0, VOCAB, (50,), generator=gen).tolist() for _ in range(3)]
     refs = [dense_reference(hf, s, 6, 2) for s in streams]
-    engine = EngineCore(tiny_runner(hf), policy=policy, num_blocks=64, block_size=4)
+    engine = EngineCore(tiny_runner(hf), policy=policy, num_blocks=64, block_size=4, kernels=kernels)
     seqs = [engine.add_sequence() for _ in streams]
     offsets = [0, 0, 0]
     sizes = [[3, 1, 20, 1, 25], [1] * 10 + [40], [50]]
@@ -129,7 +130,7 @@ def test_batch_of_windowed_sessions_matches_each_alone() -> None:
 
 
 @pytest.mark.parametrize("policy", [KVPolicy.windowed(6, sinks=2), KVPolicy.full()])
-def test_sessions_that_come_and_go_keep_exact_logits(policy: KVPolicy) -> None:
+def test_sessions_that_come_and_go_keep_exact_logits(policy: KVPolicy, kernels: Kernels) -> None:
     """Random participation per step: rows of the batch view are reused, holed, compacted and rebuilt."""
     hf = tiny_hf(6)
     gen = torch.Generator().manual_seed(11)
@@ -137,7 +138,7 @@ def test_sessions_that_come_and_go_keep_exact_logits(policy: KVPolicy) -> None:
     streams = [torch.randint(0, VOCAB, (n_tok,), generator=gen).tolist() for _ in range(3)]
     window = policy.window
     refs = [dense_reference(hf, s, window, policy.sinks) for s in streams]
-    engine = EngineCore(tiny_runner(hf), policy=policy, num_blocks=128, block_size=4)
+    engine = EngineCore(tiny_runner(hf), policy=policy, num_blocks=128, block_size=4, kernels=kernels)
     seqs = [engine.add_sequence() for _ in streams]
     at = [0, 0, 0]
     while min(at) < n_tok:

@@ -6,6 +6,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from metronome_engine import EngineCore, KVPolicy, ModelConfig
+from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
 
 VOCAB = 97
@@ -37,5 +38,9 @@ def tiny_runner(hf: LlamaForCausalLM) -> LlamaModel:
     return model
 
 
-def tiny_engine(policy: KVPolicy, *, num_blocks: int = 256, block_size: int = 4, seed: int = 0) -> EngineCore:
-    return EngineCore(tiny_runner(tiny_hf(seed)), policy=policy, num_blocks=num_blocks, block_size=block_size)
+def tiny_engine(
+    policy: KVPolicy, *, num_blocks: int = 256, block_size: int = 4, seed: int = 0, kernels: Kernels = "auto"
+) -> EngineCore:
+    return EngineCore(
+        tiny_runner(tiny_hf(seed)), policy=policy, num_blocks=num_blocks, block_size=block_size, kernels=kernels
+    )

@@ -7,14 +7,15 @@ import torch
 
 import metronome_engine.engine as engine_module
 from metronome_engine import KVPolicy, SamplingParams, Stall, StepRequest
+from metronome_engine.engine import Kernels
 from tests.engine.tiny import tiny_engine
 from tests.reliability.conftest import poison
 
 pytestmark = pytest.mark.timeout(60)
 
 
-def test_non_finite_logits_drop_only_that_session_and_scrub_its_blocks() -> None:
-    core = tiny_engine(KVPolicy.windowed(8, sinks=4), num_blocks=32)
+def test_non_finite_logits_drop_only_that_session_and_scrub_its_blocks(kernels: Kernels) -> None:
+    core = tiny_engine(KVPolicy.windowed(8, sinks=4), num_blocks=32, kernels=kernels)
     a, b, c = (core.add_sequence() for _ in range(3))
     core.step([StepRequest(s, [5, 6, 7, 8, 9]) for s in (a, b, c)])
     held_by_b = [pb for _, pb in core._seqs[b].kv.resident_blocks()]

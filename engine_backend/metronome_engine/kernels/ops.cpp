@@ -1,0 +1,510 @@
+// Fused CPU kernels for one engine step (float32). The torch path in model.py and
+// attention.py is the reference; tests hold these kernels to it.
+//
+// Why: a batch-32 decode step of a 30-layer model is ~1,200 small torch ops plus a
+// gather of every session's K/V into a contiguous view. Here each layer is nine calls,
+// and attention reads each session's blocks in place from the pool.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#ifdef __AVX512F__
+#include <immintrin.h>
+#endif
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+void check_f32(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
+  TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32");
+  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
+}
+
+void check_i64(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kLong && t.is_contiguous(), name,
+              " must be a contiguous int64 CPU tensor");
+}
+
+// 16 floats: GCC lowers these to the widest vector unit there is (one AVX-512
+// register, two AVX2 ones, four NEON ones). aligned(4): loads from any float address.
+typedef float vf __attribute__((vector_size(64), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(64), aligned(4)));
+constexpr int kLanes = 16;
+
+inline vf vload(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline vf vsplat(float x) { return vf{} + x; }
+
+inline float hsum(vf v) {
+#ifdef __AVX512F__
+  return _mm512_reduce_add_ps(reinterpret_cast<__m512>(v));
+#else
+  float s = 0.f;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+#endif
+}
+
+inline float hmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+// exp on 16 lanes for the softmax and SiLU (std::exp does not vectorize without
+// -ffast-math, which would also drop the NaN semantics the engine's fault check relies
+// on). Relative error about 2e-7; NaN in gives NaN out.
+inline vf vexp(vf x) {
+  x = x < -87.0f ? vsplat(-87.0f) : x;
+  x = x > 88.0f ? vsplat(88.0f) : x;
+  const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const vf r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
+  vf p = vsplat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+inline float fast_exp(float x) { return vexp(vsplat(x))[0]; }
+
+// x * rsqrt(mean(x^2) + eps) * w, per row.
+at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
+  check_f32(x, "x");
+  check_f32(w, "weight");
+  const int64_t n = x.size(-1);
+  const int64_t rows = x.numel() / n;
+  auto out = at::empty_like(x);
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const float feps = static_cast<float>(eps);
+  at::parallel_for(0, rows, std::max<int64_t>(1, 32768 / n), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* xr = xp + r * n;
+      float* orow = op + r * n;
+      float ss = 0.f;
+#pragma omp simd reduction(+ : ss)
+      for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
+      const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + feps);
+#pragma omp simd
+      for (int64_t i = 0; i < n; ++i) orow[i] = xr[i] * inv * wp[i];
+    }
+  });
+  return out;
+}
+
+// [T, 2f] (gate | up) -> silu(gate) * up, [T, f].
+at::Tensor silu_mul(const at::Tensor& gate_up) {
+  check_f32(gate_up, "gate_up");
+  const int64_t rows = gate_up.size(0);
+  const int64_t f = gate_up.size(1) / 2;
+  auto out = at::empty({rows, f}, gate_up.options());
+  const float* gp = gate_up.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  at::parallel_for(0, rows, std::max<int64_t>(1, 16384 / f), [&](int64_t lo, int64_t hi) {
+    for (int64_t r = lo; r < hi; ++r) {
+      const float* g = gp + r * 2 * f;
+      const float* u = g + f;
+      float* o = op + r * f;
+      int64_t i = 0;
+      for (; i + kLanes <= f; i += kLanes) {
+        const vf gv = vload(g + i);
+        const vf out = gv / (1.f + vexp(-gv)) * vload(u + i);
+        std::memcpy(o + i, &out, sizeof(out));
+      }
+      for (; i < f; ++i) o[i] = g[i] / (1.f + fast_exp(-g[i])) * u[i];
+    }
+  });
+  return out;
+}
+
+constexpr int64_t kPanel = 32;
+
+template <int R>
+inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t K, const float* res, int64_t ldr,
+                      float* c, int64_t ldc, int64_t cols) {
+  vf acc[R][2];
+  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = vf{};
+  for (int64_t k = 0; k < K; ++k) {
+    // panels follow each other in memory: fetch ahead what the next rows need
+    __builtin_prefetch(panel + (k + 24) * kPanel);
+    __builtin_prefetch(panel + (k + 24) * kPanel + kLanes);
+    const vf b0 = vload(panel + k * kPanel);
+    const vf b1 = vload(panel + k * kPanel + kLanes);
+    for (int r = 0; r < R; ++r) {
+      const float av = a[r * lda + k];
+      acc[r][0] += av * b0;
+      acc[r][1] += av * b1;
+    }
+  }
+  for (int r = 0; r < R; ++r) {
+    alignas(64) float out[kPanel];
+    std::memcpy(out, acc[r], sizeof(out));
+    float* cr = c + r * ldc;
+    if (res != nullptr) {
+      const float* rr = res + r * ldr;
+      for (int64_t j = 0; j < cols; ++j) cr[j] = rr[j] + out[j];
+    } else {
+      std::memcpy(cr, out, cols * sizeof(float));
+    }
+  }
+}
+
+// x [M, K] @ w (packed from [K, N]) (+ residual [M, N]) -> [M, N]
+at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, int64_t n, const std::optional<at::Tensor>& residual) {
+  check_f32(x, "x");
+  check_f32(w, "packed weight");
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && w.size(2) == kPanel, "x must be [M, K] and the weight packed [P, K, 32]");
+  const int64_t M = x.size(0), K = x.size(1);
+  TORCH_CHECK(w.size(1) == K, "x has ", K, " columns, the weight ", w.size(1), " rows");
+  TORCH_CHECK(n > (w.size(0) - 1) * kPanel && n <= w.size(0) * kPanel, "n does not match the packed panels");
+  const float* rp = nullptr;
+  if (residual.has_value()) {
+    check_f32(*residual, "residual");
+    TORCH_CHECK(residual->size(0) == M && residual->size(1) == n, "residual must be [M, N]");
+    rp = residual->data_ptr<float>();
+  }
+  auto out = at::empty({M, n}, x.options());
+  const float* xp = x.data_ptr<float>();
+  const float* wp = w.data_ptr<float>();
+  float* op = out.data_ptr<float>();
+  const int64_t panels = w.size(0);
+  at::parallel_for(0, panels, 1, [&](int64_t lo, int64_t hi) {
+    for (int64_t p = lo; p < hi; ++p) {
+      const float* panel = wp + p * K * kPanel;
+      const int64_t col = p * kPanel;
+      const int64_t cols = std::min(kPanel, n - col);
+      const float* res = rp != nullptr ? rp + col : nullptr;
+      int64_t r = 0;
+      auto at_row = [&](int64_t r) { return res != nullptr ? res + r * n : nullptr; };
+      for (; r + 8 <= M; r += 8) gemm_tile<8>(xp + r * K, K, panel, K, at_row(r), n, op + r * n + col, n, cols);
+      for (; r + 4 <= M; r += 4) gemm_tile<4>(xp + r * K, K, panel, K, at_row(r), n, op + r * n + col, n, cols);
+      for (; r < M; ++r) gemm_tile<1>(xp + r * K, K, panel, K, at_row(r), n, op + r * n + col, n, cols);
+    }
+  });
+  return out;
+}
+
+// rotate-half RoPE of one head vector
+inline void rope(const float* x, const float* cos, const float* sin, float* out, int64_t hd) {
+  const int64_t half = hd / 2;
+#pragma omp simd
+  for (int64_t d = 0; d < half; ++d) out[d] = x[d] * cos[d] - x[d + half] * sin[d];
+#pragma omp simd
+  for (int64_t d = half; d < hd; ++d) out[d] = x[d] * cos[d] + x[d - half] * sin[d];
+}
+
+// Split a step's fused q|k|v projection [T, (H + 2 KVH) * hd]: rotate q (at stream
+// positions, and at in-cache positions for the sinks when sink_cos is given), rotate k,
+// and write k and v into this layer's pool at each token's slot.
+std::tuple<at::Tensor, at::Tensor> rope_store(const at::Tensor& qkv, const at::Tensor& cos, const at::Tensor& sin,
+                                              const std::optional<at::Tensor>& sink_cos,
+                                              const std::optional<at::Tensor>& sink_sin, const at::Tensor& slots,
+                                              at::Tensor k_cache, at::Tensor v_cache, int64_t num_heads) {
+  check_f32(qkv, "qkv");
+  check_f32(cos, "cos");
+  check_f32(sin, "sin");
+  check_i64(slots, "slot_mapping");
+  check_f32(k_cache, "k_cache");
+  check_f32(v_cache, "v_cache");
+  const int64_t T = qkv.size(0);
+  const int64_t kvh = k_cache.size(0);
+  const int64_t num_slots = k_cache.size(1);
+  const int64_t hd = k_cache.size(2);
+  TORCH_CHECK(qkv.size(1) == (num_heads + 2 * kvh) * hd, "qkv width does not match the heads");
+  const bool sinks = sink_cos.has_value();
+  auto q = at::empty({T, num_heads, hd}, qkv.options());
+  auto q_sink = sinks ? at::empty({T, num_heads, hd}, qkv.options()) : at::empty({0}, qkv.options());
+  const float* src = qkv.data_ptr<float>();
+  const float* cp = cos.data_ptr<float>();
+  const float* sp = sin.data_ptr<float>();
+  const float* scp = sinks ? sink_cos->data_ptr<float>() : nullptr;
+  const float* ssp = sinks ? sink_sin->data_ptr<float>() : nullptr;
+  const int64_t* slot = slots.data_ptr<int64_t>();
+  float* qp = q.data_ptr<float>();
+  float* qsp = sinks ? q_sink.data_ptr<float>() : nullptr;
+  float* kc = k_cache.data_ptr<float>();
+  float* vc = v_cache.data_ptr<float>();
+  const int64_t width = qkv.size(1);
+  for (int64_t t = 0; t < T; ++t) {
+    TORCH_CHECK(slot[t] >= 0 && slot[t] < num_slots, "slot out of the pool");
+  }
+  at::parallel_for(0, T, 4, [&](int64_t lo, int64_t hi) {
+    for (int64_t t = lo; t < hi; ++t) {
+      const float* row = src + t * width;
+      const float* c = cp + t * hd;
+      const float* s = sp + t * hd;
+      for (int64_t h = 0; h < num_heads; ++h) {
+        rope(row + h * hd, c, s, qp + (t * num_heads + h) * hd, hd);
+        if (sinks) rope(row + h * hd, scp + t * hd, ssp + t * hd, qsp + (t * num_heads + h) * hd, hd);
+      }
+      const float* k = row + num_heads * hd;
+      const float* v = k + kvh * hd;
+      for (int64_t h = 0; h < kvh; ++h) {
+        rope(k + h * hd, c, s, kc + (h * num_slots + slot[t]) * hd, hd);
+        std::memcpy(vc + (h * num_slots + slot[t]) * hd, v + h * hd, hd * sizeof(float));
+      }
+    }
+  });
+  return {q, q_sink};
+}
+
+// Online-softmax state of the G query heads that share one kv head, for one query token.
+struct HeadsState {
+  float* max;  // [G]
+  float* sum;  // [G]
+  float* acc;  // [G, hd]
+};
+
+// Fold n contiguous keys (K and V rows of head_dim = 16 * NV floats) into the state,
+// each head scoring them with its own query vector (q + g * head_dim). Per head: the
+// query and the output accumulator stay in registers while the keys stream past.
+template <int NV>
+inline void fold_keys(const float* q, const float* k, const float* v, int64_t n, int64_t G, float scale,
+                      HeadsState& st) {
+  constexpr int64_t HD = kLanes * NV;
+  const vf lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
+    const int64_t m = std::min<int64_t>(kLanes, n - j0);
+    const float* kr = k + j0 * HD;
+    const float* vr = v + j0 * HD;
+    for (int64_t g = 0; g < G; ++g) {
+      vf qv[NV];
+      for (int c = 0; c < NV; ++c) qv[c] = vload(q + g * HD + c * kLanes) * scale;
+      alignas(64) float sc[kLanes];
+      for (int64_t j = 0; j < m; ++j) {
+        vf dot = qv[0] * vload(kr + j * HD);
+        for (int c = 1; c < NV; ++c) dot += qv[c] * vload(kr + j * HD + c * kLanes);
+        sc[j] = hsum(dot);
+      }
+      for (int64_t j = m; j < kLanes; ++j) sc[j] = -std::numeric_limits<float>::infinity();
+      const vf s = vload(sc);
+      const float m_old = st.max[g];
+      const float m_new = std::max(m_old, hmax(s));
+      const float corr = m_old == -std::numeric_limits<float>::infinity() ? 0.f : fast_exp(m_old - m_new);
+      vf p = vexp(s - m_new);
+      p = lane < static_cast<float>(m) ? p : vsplat(0.f);
+      st.max[g] = m_new;
+      st.sum[g] = st.sum[g] * corr + hsum(p);
+      float* accp = st.acc + g * HD;
+      vf acc[NV];
+      for (int c = 0; c < NV; ++c) acc[c] = vload(accp + c * kLanes) * corr;
+      for (int64_t j = 0; j < m; ++j) {
+        const float pj = p[j];
+        for (int c = 0; c < NV; ++c) acc[c] += pj * vload(vr + j * HD + c * kLanes);
+      }
+      std::memcpy(accp, acc, sizeof(acc));
+    }
+  }
+}
+
+// Any other head size: plain loops.
+inline void fold_keys_any(const float* q, const float* k, const float* v, int64_t n, int64_t G, int64_t hd,
+                          float scale, HeadsState& st) {
+  for (int64_t g = 0; g < G; ++g) {
+    const float* qg = q + g * hd;
+    float* acc = st.acc + g * hd;
+    for (int64_t j = 0; j < n; ++j) {
+      float s = 0.f;
+      for (int64_t d = 0; d < hd; ++d) s += qg[d] * k[j * hd + d];
+      s *= scale;
+      const float m_old = st.max[g];
+      const float m_new = std::max(m_old, s);
+      const float corr = m_old == -std::numeric_limits<float>::infinity() ? 0.f : fast_exp(m_old - m_new);
+      const float p = fast_exp(s - m_new);
+      st.max[g] = m_new;
+      st.sum[g] = st.sum[g] * corr + p;
+      for (int64_t d = 0; d < hd; ++d) acc[d] = acc[d] * corr + p * v[j * hd + d];
+    }
+  }
+}
+
+struct AttentionArgs {
+  const float* q;
+  const float* q_sink;  // == q when the sinks use the stream rotation
+  const float* k_cache;
+  const float* v_cache;
+  float* out;
+  const int64_t* query_start;
+  const int64_t* positions;
+  const int64_t* block_logical;
+  const int64_t* block_physical;
+  const int64_t* block_count;
+  int64_t H, G, hd, num_slots, max_blocks, block_size, window, sinks;
+  float scale;
+};
+
+// One (session, kv head): every query token of the session, block by block. Within a
+// block the visible keys are at most two runs, the sinks and the window, so there is
+// no per-key mask.
+template <int NV>
+void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, std::vector<float>& scratch) {
+  const int64_t G = a.G, hd = a.hd, bs = a.block_size;
+  scratch.resize(G * (2 + hd));
+  HeadsState st{scratch.data(), scratch.data() + G, scratch.data() + 2 * G};
+  auto fold = [&](const float* qq, const float* k, const float* v, int64_t n) {
+    if constexpr (NV > 0) {
+      fold_keys<NV>(qq, k, v, n, G, a.scale, st);
+    } else {
+      fold_keys_any(qq, k, v, n, G, hd, a.scale, st);
+    }
+  };
+  const int64_t* lg = a.block_logical + b * a.max_blocks;
+  const int64_t* ph = a.block_physical + b * a.max_blocks;
+  for (int64_t row = a.query_start[b]; row < a.query_start[b + 1]; ++row) {
+    const int64_t t = a.positions[row];
+    // stream keys this query sees: [0, n_sink) with q_sink, [lo, t] with q
+    const int64_t n_sink = a.window > 0 ? std::min(a.sinks, t + 1) : 0;
+    const int64_t lo = a.window > 0 ? std::max(a.sinks, t - a.window + 1) : 0;
+    const float* q = a.q + (row * a.H + kh * G) * hd;
+    const float* q_sink = a.q_sink + (row * a.H + kh * G) * hd;
+    std::fill(st.max, st.max + G, -std::numeric_limits<float>::infinity());
+    std::fill(st.sum, st.sum + G, 0.f);
+    std::fill(st.acc, st.acc + G * hd, 0.f);
+    for (int64_t i = 0; i < a.block_count[b]; ++i) {
+      const int64_t first = lg[i] * bs;
+      if (first > t) break;  // blocks are in stream order
+      const int64_t base = (kh * a.num_slots + ph[i] * bs) * hd;
+      const float* kb = a.k_cache + base;
+      const float* vb = a.v_cache + base;
+      if (i + 1 < a.block_count[b]) {
+        // blocks lie anywhere in the pool, so the hardware prefetcher cannot see the next one
+        const int64_t next = (kh * a.num_slots + ph[i + 1] * bs) * hd;
+        for (int64_t off = 0; off < bs * hd; off += 64 / sizeof(float)) {
+          __builtin_prefetch(a.k_cache + next + off);
+          __builtin_prefetch(a.v_cache + next + off);
+        }
+      }
+      const int64_t s1 = std::min(first + bs, n_sink);
+      if (s1 > first) fold(q_sink, kb, vb, s1 - first);
+      const int64_t w0 = std::max(first, lo);
+      const int64_t w1 = std::min(first + bs, t + 1);
+      if (w1 > w0) {
+        fold(q, kb + (w0 - first) * hd, vb + (w0 - first) * hd, w1 - w0);
+      }
+    }
+    float* o = a.out + (row * a.H + kh * G) * hd;
+    for (int64_t g = 0; g < G; ++g) {
+      const float inv = 1.f / st.sum[g];
+#pragma omp simd
+      for (int64_t d = 0; d < hd; ++d) o[g * hd + d] = st.acc[g * hd + d] * inv;
+    }
+  }
+}
+
+// Attention of a step's queries over each session's resident blocks, read in place.
+//
+// Session b owns query rows [query_start[b], query_start[b+1]) and the blocks
+// block_physical[b, :block_count[b]], whose stream indices start at
+// block_logical[b, i] * block_size. The query at stream index t sees keys k <= t that
+// are sinks (k < min(sinks, t + 1)) or in its window (k >= t - window + 1); window <= 0
+// means every key. Sink keys are scored with q_sink when it is given (see model.py).
+// One task per (session, kv head): its K/V blocks are read once for all its queries.
+at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>& q_sink, const at::Tensor& k_cache,
+                           const at::Tensor& v_cache, const at::Tensor& query_start, const at::Tensor& positions,
+                           const at::Tensor& block_logical, const at::Tensor& block_physical,
+                           const at::Tensor& block_count, int64_t block_size, int64_t window, int64_t sinks,
+                           double scale) {
+  check_f32(q, "q");
+  check_f32(k_cache, "k_cache");
+  check_f32(v_cache, "v_cache");
+  check_i64(query_start, "query_start");
+  check_i64(positions, "positions");
+  check_i64(block_logical, "block_logical");
+  check_i64(block_physical, "block_physical");
+  check_i64(block_count, "block_count");
+  const bool use_sink_q = q_sink.has_value() && q_sink->numel() > 0;
+  if (use_sink_q) {
+    check_f32(*q_sink, "q_sink");
+    TORCH_CHECK(q_sink->sizes() == q.sizes(), "q_sink must have q's shape");
+  }
+  TORCH_CHECK(q.dim() == 3 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "bad q or cache shape");
+  const int64_t T = q.size(0);
+  const int64_t B = block_count.size(0);
+  AttentionArgs a{};
+  a.H = q.size(1);
+  a.hd = q.size(2);
+  const int64_t kvh = k_cache.size(0);
+  TORCH_CHECK(k_cache.size(2) == a.hd && a.H % kvh == 0, "q and the cache disagree on heads");
+  TORCH_CHECK(query_start.size(0) == B + 1 && positions.size(0) == T, "one query_start per session, plus one");
+  TORCH_CHECK(block_logical.sizes() == block_physical.sizes() && block_physical.size(0) == B, "bad block tables");
+  a.G = a.H / kvh;
+  a.num_slots = k_cache.size(1);
+  a.max_blocks = block_physical.size(1);
+  a.block_size = block_size;
+  a.window = window;
+  a.sinks = window > 0 ? sinks : 0;
+  a.scale = static_cast<float>(scale);
+  a.query_start = query_start.data_ptr<int64_t>();
+  a.positions = positions.data_ptr<int64_t>();
+  a.block_logical = block_logical.data_ptr<int64_t>();
+  a.block_physical = block_physical.data_ptr<int64_t>();
+  a.block_count = block_count.data_ptr<int64_t>();
+  TORCH_CHECK(a.query_start[0] == 0 && a.query_start[B] == T, "query_start must span every query row");
+  for (int64_t b = 0; b < B; ++b) {
+    TORCH_CHECK(a.query_start[b] <= a.query_start[b + 1], "query_start must not decrease");
+    TORCH_CHECK(a.block_count[b] >= 0 && a.block_count[b] <= a.max_blocks, "block_count out of range");
+    for (int64_t i = 0; i < a.block_count[b]; ++i) {
+      const int64_t p = a.block_physical[b * a.max_blocks + i];
+      TORCH_CHECK(p >= 0 && (p + 1) * block_size <= a.num_slots, "block out of the pool");
+      TORCH_CHECK(i == 0 || a.block_logical[b * a.max_blocks + i] > a.block_logical[b * a.max_blocks + i - 1],
+                  "blocks must be in stream order");
+    }
+  }
+  auto out = at::empty({T, a.H * a.hd}, q.options());
+  a.q = q.data_ptr<float>();
+  a.q_sink = use_sink_q ? q_sink->data_ptr<float>() : a.q;
+  a.k_cache = k_cache.data_ptr<float>();
+  a.v_cache = v_cache.data_ptr<float>();
+  a.out = out.data_ptr<float>();
+  at::parallel_for(0, B * kvh, 1, [&](int64_t lo, int64_t hi) {
+    std::vector<float> scratch;
+    for (int64_t task = lo; task < hi; ++task) {
+      const int64_t b = task / kvh, kh = task % kvh;
+      switch (a.hd) {
+        case 16: attend_task<1>(a, b, kh, scratch); break;
+        case 32: attend_task<2>(a, b, kh, scratch); break;
+        case 64: attend_task<4>(a, b, kh, scratch); break;
+        case 128: attend_task<8>(a, b, kh, scratch); break;
+        default: attend_task<0>(a, b, kh, scratch); break;
+      }
+    }
+  });
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(metronome, m) {
+  m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
+  m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
+  m.def("packed_linear(Tensor x, Tensor weight, int n, Tensor? residual) -> Tensor", &packed_linear);
+  m.def(
+      "rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor? sink_cos, Tensor? sink_sin, Tensor slots, "
+      "Tensor(a!) k_cache, Tensor(b!) v_cache, int num_heads) -> (Tensor, Tensor)",
+      &rope_store);
+  m.def(
+      "paged_attention(Tensor q, Tensor? q_sink, Tensor k_cache, Tensor v_cache, Tensor query_start, "
+      "Tensor positions, Tensor block_logical, Tensor block_physical, Tensor block_count, int block_size, "
+      "int window, int sinks, float scale) -> Tensor",
+      &paged_attention);
+}

@@ -1,0 +1,288 @@
+"""The fused CPU kernels (kernels/ops.cpp), op by op, against plain torch.
+
+The end-to-end checks (logits equal HF transformers and the dense sinks+window
+reference) run on both paths through the ``kernels`` fixture; here each op meets its
+torch reference on shapes the model tests do not reach: head sizes with and without
+a vector path, row counts that leave remainder tiles, block tables in any pool order.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from metronome_engine import EngineCore, KVPolicy, ModelConfig, StepRequest, kernels
+from metronome_engine.model import LlamaModel, apply_rope, pack_panels, rope_cos_sin
+
+from .tiny import VOCAB, tiny_engine
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+ops = torch.ops.metronome
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _built() -> None:
+    # they must build on this machine kind: a failure here is a failure, not a skip
+    kernels.load()
+
+
+def test_rms_norm_and_silu_mul_match_torch() -> None:
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(7, 96, generator=gen) * 3
+    w = torch.randn(96, generator=gen)
+    ref = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5) * w
+    torch.testing.assert_close(ops.rms_norm(x, w, 1e-5), ref, rtol=1e-5, atol=1e-5)
+    gu = torch.randn(5, 2 * 40, generator=gen) * 6
+    gate, up = gu.chunk(2, dim=-1)
+    torch.testing.assert_close(ops.silu_mul(gu), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 13, 32, 40])
+@pytest.mark.parametrize(("k", "n"), [(64, 96), (48, 70), (576, 32)])
+def test_packed_linear_matches_mm(rows: int, k: int, n: int) -> None:
+    gen = torch.Generator().manual_seed(rows * 1000 + n)
+    x = torch.randn(rows, k, generator=gen)
+    w = torch.randn(k, n, generator=gen)
+    res = torch.randn(rows, n, generator=gen)
+    packed = pack_panels(w)
+    assert packed.shape == (math.ceil(n / 32), k, 32)
+    torch.testing.assert_close(ops.packed_linear(x, packed, n, None), x @ w, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ops.packed_linear(x, packed, n, res), res + x @ w, rtol=1e-4, atol=1e-4)
+
+
+def test_packed_linear_refuses_mismatched_shapes() -> None:
+    packed = pack_panels(torch.randn(16, 40))
+    with pytest.raises(RuntimeError, match="columns"):
+        ops.packed_linear(torch.randn(2, 17), packed, 40, None)
+    with pytest.raises(RuntimeError, match="panels"):
+        ops.packed_linear(torch.randn(2, 16), packed, 80, None)
+    with pytest.raises(RuntimeError, match="float32"):
+        ops.packed_linear(torch.randn(2, 16, dtype=torch.float64), packed, 40, None)
+
+
+def test_rope_store_rotates_and_writes_the_pool() -> None:
+    gen = torch.Generator().manual_seed(1)
+    heads, kvh, hd, t = 6, 2, 16, 5
+    qkv = torch.randn(t, (heads + 2 * kvh) * hd, generator=gen)
+    inv_freq = 1.0 / (10000 ** (torch.arange(0, hd, 2).float() / hd))
+    pos = torch.tensor([0, 3, 9, 10, 40])
+    sink_pos = torch.tensor([0, 3, 4, 4, 5])
+    cos, sin = rope_cos_sin(inv_freq, pos)
+    scos, ssin = rope_cos_sin(inv_freq, sink_pos)
+    slots = torch.tensor([7, 0, 12, 3, 5])
+    k_cache, v_cache = torch.zeros(kvh, 16, hd), torch.zeros(kvh, 16, hd)
+    q, q_sink = ops.rope_store(qkv, cos, sin, scos, ssin, slots, k_cache, v_cache, heads)
+    q_ref, k_ref, v_ref = qkv.split([heads * hd, kvh * hd, kvh * hd], dim=-1)
+    torch.testing.assert_close(q, apply_rope(q_ref.view(t, heads, hd), cos, sin))
+    torch.testing.assert_close(q_sink, apply_rope(q_ref.view(t, heads, hd), scos, ssin))
+    torch.testing.assert_close(k_cache[:, slots], apply_rope(k_ref.view(t, kvh, hd), cos, sin).transpose(0, 1))
+    torch.testing.assert_close(v_cache[:, slots], v_ref.view(t, kvh, hd).transpose(0, 1))
+    untouched = torch.ones(16, dtype=torch.bool)
+    untouched[slots] = False
+    assert (k_cache[:, untouched] == 0).all() and (v_cache[:, untouched] == 0).all()
+
+
+def _attention_reference(
+    q: torch.Tensor,
+    q_sink: torch.Tensor | None,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    tables: list[list[tuple[int, int]]],
+    chunks: list[list[int]],
+    bs: int,
+    window: int,
+    sinks: int,
+) -> torch.Tensor:
+    heads, hd = q.shape[1], q.shape[2]
+    kvh = k_cache.shape[0]
+    out = torch.empty(q.shape[0], heads * hd)
+    row = 0
+    for table, positions in zip(tables, chunks, strict=True):
+        stream = torch.tensor([lb * bs + j for lb, _ in table for j in range(bs)])
+        slots = torch.tensor([pb * bs + j for _, pb in table for j in range(bs)])
+        for t in positions:
+            if window > 0:
+                lo = max(sinks, t - window + 1)
+                is_sink = stream < min(sinks, t + 1)
+                seen = is_sink | ((stream >= lo) & (stream <= t))
+            else:
+                is_sink = torch.zeros_like(stream, dtype=torch.bool)
+                seen = stream <= t
+            k = k_cache[:, slots[seen]].repeat_interleave(heads // kvh, dim=0)  # [H, n, hd]
+            v = v_cache[:, slots[seen]].repeat_interleave(heads // kvh, dim=0)
+            scores = torch.einsum("hd,hnd->hn", q[row], k)
+            if q_sink is not None:
+                sink_scores = torch.einsum("hd,hnd->hn", q_sink[row], k)
+                scores = torch.where(is_sink[seen][None, :], sink_scores, scores)
+            probs = torch.softmax(scores / math.sqrt(hd), dim=-1)
+            out[row] = torch.einsum("hn,hnd->hd", probs, v).reshape(-1)
+            row += 1
+    return out
+
+
+@pytest.mark.parametrize("hd", [16, 64, 24])  # 24: no vector path, the plain loops
+@pytest.mark.parametrize(("window", "sinks"), [(0, 0), (9, 0), (9, 3), (20, 5)])
+@pytest.mark.parametrize("group", [1, 3])
+def test_paged_attention_matches_a_dense_reference(hd: int, window: int, sinks: int, group: int) -> None:
+    gen = torch.Generator().manual_seed(hd * 100 + window * 10 + sinks + group)
+    bs, kvh = 4, 2
+    heads = kvh * group
+    num_blocks = 40
+    k_cache = torch.randn(kvh, num_blocks * bs, hd, generator=gen)
+    v_cache = torch.randn(kvh, num_blocks * bs, hd, generator=gen)
+    order = torch.randperm(num_blocks, generator=gen).tolist()  # blocks anywhere in the pool
+    # three sessions: a decode step, a chunk that crosses blocks, and a long one with holes
+    lengths = [(7, 1), (13, 6), (61, 3)]
+    tables, chunks = [], []
+    for length, n_new in lengths:
+        end = length + n_new
+        wanted = set(range(math.ceil(end / bs)))
+        if window > 0:  # what a windowed session still holds: sinks' blocks and the window's
+            first_query = length
+            lo = max(sinks, first_query - window + 1)
+            wanted = {lb for lb in wanted if lb * bs < sinks or (lb + 1) * bs > lo}
+        tables.append([(lb, order.pop()) for lb in sorted(wanted)])
+        chunks.append(list(range(length, end)))
+    t = sum(len(c) for c in chunks)
+    q = torch.randn(t, heads, hd, generator=gen)
+    q_sink = torch.randn(t, heads, hd, generator=gen) if sinks else None
+    width = max(len(tb) for tb in tables)
+    logical = torch.full((3, width), -1, dtype=torch.int64)
+    physical = torch.zeros((3, width), dtype=torch.int64)
+    for b, tb in enumerate(tables):
+        logical[b, : len(tb)] = torch.tensor([lb for lb, _ in tb])
+        physical[b, : len(tb)] = torch.tensor([pb for _, pb in tb])
+    starts = torch.tensor([0, 1, 7, 10])
+    positions = torch.tensor([p for c in chunks for p in c])
+    got = ops.paged_attention(
+        q,
+        q_sink,
+        k_cache,
+        v_cache,
+        starts,
+        positions,
+        logical,
+        physical,
+        torch.tensor([len(tb) for tb in tables]),
+        bs,
+        window,
+        sinks,
+        1 / math.sqrt(hd),
+    )
+    ref = _attention_reference(q, q_sink, k_cache, v_cache, tables, chunks, bs, window, sinks)
+    torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
+
+
+def test_paged_attention_carries_a_nan_to_its_own_session_only() -> None:
+    kvh, hd, bs = 1, 64, 4
+    k_cache, v_cache = torch.randn(kvh, 8 * bs, hd), torch.randn(kvh, 8 * bs, hd)
+    k_cache[0, 5] = float("nan")  # block 1, held by session 0
+    logical = torch.tensor([[0, 1], [0, 1]])
+    physical = torch.tensor([[0, 1], [2, 3]])
+    out = ops.paged_attention(
+        torch.randn(2, 2, hd),
+        None,
+        k_cache,
+        v_cache,
+        torch.tensor([0, 1, 2]),
+        torch.tensor([6, 6]),
+        logical,
+        physical,
+        torch.tensor([2, 2]),
+        bs,
+        0,
+        0,
+        0.125,
+    )
+    assert out[0].isnan().all() and out[1].isfinite().all()
+
+
+def test_paged_attention_refuses_a_block_outside_the_pool() -> None:
+    kv = torch.randn(1, 8, 16)
+    with pytest.raises(RuntimeError, match="out of the pool"):
+        ops.paged_attention(
+            torch.randn(1, 1, 16),
+            None,
+            kv,
+            kv,
+            torch.tensor([0, 1]),
+            torch.tensor([0]),
+            torch.tensor([[0]]),
+            torch.tensor([[2]]),  # slots 8-11 of an 8-slot pool
+            torch.tensor([1]),
+            4,
+            0,
+            0,
+            0.25,
+        )
+
+
+def _smollm2_shaped(seed: int) -> LlamaModel:
+    """SmolLM2's head layout (head_dim 64, 3 query heads per kv head) at a tiny width."""
+    torch.manual_seed(seed)
+    cfg = ModelConfig(
+        vocab_size=VOCAB,
+        hidden_size=192,
+        intermediate_size=160,
+        num_layers=2,
+        num_heads=3,
+        num_kv_heads=1,
+        head_dim=64,
+    )
+    model = LlamaModel(cfg)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn_like(p) * (0.2 if p.dim() > 1 else 1.0))
+    return model
+
+
+@pytest.mark.parametrize("policy", [KVPolicy.full(), KVPolicy.windowed(12, sinks=4)])
+def test_fused_engine_equals_the_torch_engine_on_smollm2s_head_layout(policy: KVPolicy) -> None:
+    steps = [[9, 1, 17], [1, 1, 1], [5, 1, 2]] * 6
+    logits = {}
+    for path in ("torch", "fused"):
+        engine = EngineCore(_smollm2_shaped(3), policy=policy, num_blocks=96, block_size=16, kernels=path)
+        seqs = [engine.add_sequence() for _ in range(3)]
+        gen = torch.Generator().manual_seed(4)
+        rows = []
+        for sizes in steps:
+            reqs = [
+                StepRequest(s, torch.randint(0, VOCAB, (n,), generator=gen).tolist(), all_logits=True)
+                for s, n in zip(seqs, sizes, strict=True)
+            ]
+            for out in engine.step(reqs):
+                assert out.logits is not None
+                rows.append(out.logits)
+        logits[path] = torch.cat(rows)
+    ref = logits["torch"]
+    assert float((logits["fused"] - ref).abs().max() / ref.abs().max()) < 1e-4
+
+
+def test_packing_is_in_place_once_and_the_torch_path_then_refuses() -> None:
+    engine = tiny_engine(KVPolicy.full(), kernels="fused")
+    model = engine.model
+    assert model.packed
+    embed_rows = model._embed(torch.tensor([0, 5, VOCAB - 1]))
+    assert embed_rows.shape == (3, model.config.hidden_size)
+    model.pack_weights()  # idempotent
+    with pytest.raises(ValueError, match="packed"):
+        EngineCore(model, policy=KVPolicy.full(), num_blocks=8, kernels="torch")
+
+
+def test_packed_embedding_rows_equal_the_original_ones() -> None:
+    model = _smollm2_shaped(5)
+    ids = torch.tensor([0, 31, 32, 63, VOCAB - 1])
+    before = F.embedding(ids, model.embed).clone()
+    logits_before = model.logits(torch.ones(2, model.config.hidden_size))
+    model.pack_weights()
+    torch.testing.assert_close(model._embed(ids), before, rtol=0, atol=0)
+    torch.testing.assert_close(model.logits(torch.ones(2, model.config.hidden_size)), logits_before)
+
+
+def test_unknown_kernels_value_names_the_choices() -> None:
+    with pytest.raises(ValueError, match="'auto', 'fused' or 'torch'"):
+        tiny_engine(KVPolicy.full(), kernels="fast")  # type: ignore[arg-type]
