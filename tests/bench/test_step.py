@@ -58,4 +58,15 @@ def test_bench_step_json_beside_hf_and_the_floor() -> None:
         assert b["engine_vs_hf"] == pytest.approx(b["engine_ms"] / b["hf_ms"])
         assert b["engine_vs_floor"] == pytest.approx(b["engine_ms"] / b["floor_ms"])
     assert report["gemm_gflops"] > 0 and report["copy_gbs"] > 0
+    assert report["kernels"] == "fused"  # they build on this machine kind: the default takes them
+
+
+@pytest.mark.real_model
+@pytest.mark.timeout(600)
+def test_bench_step_on_the_torch_path_says_so() -> None:
+    cmd = [sys.executable, "-m", "metronome_sdk.cli", "bench", "step", "--batch", "2", "--steps", "1", "--no-hf"]
+    done = subprocess.run([*cmd, "--kernels", "torch", "--json"], capture_output=True, text=True, timeout=580)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["kernels"] == "torch" and report["batches"][0]["engine_ms"] > 0
     assert "in turn" in done.stderr  # the progress says how it was timed

@@ -357,7 +357,8 @@ struct AttentionArgs {
 // block the visible keys are at most two runs, the sinks and the window, so there is
 // no per-key mask.
 template <int NV>
-void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, std::vector<float>& scratch) {
+void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, int64_t row1,
+                 std::vector<float>& scratch) {
   const int64_t G = a.G, hd = a.hd, bs = a.block_size;
   scratch.resize(G * (2 + hd));
   HeadsState st{scratch.data(), scratch.data() + G, scratch.data() + 2 * G};
@@ -370,7 +371,7 @@ void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, std::vector<floa
   };
   const int64_t* lg = a.block_logical + b * a.max_blocks;
   const int64_t* ph = a.block_physical + b * a.max_blocks;
-  for (int64_t row = a.query_start[b]; row < a.query_start[b + 1]; ++row) {
+  for (int64_t row = row0; row < row1; ++row) {
     const int64_t t = a.positions[row];
     // stream keys this query sees: [0, n_sink) with q_sink, [lo, t] with q
     const int64_t n_sink = a.window > 0 ? std::min(a.sinks, t + 1) : 0;
@@ -418,7 +419,8 @@ void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, std::vector<floa
 // block_logical[b, i] * block_size. The query at stream index t sees keys k <= t that
 // are sinks (k < min(sinks, t + 1)) or in its window (k >= t - window + 1); window <= 0
 // means every key. Sink keys are scored with q_sink when it is given (see model.py).
-// One task per (session, kv head): its K/V blocks are read once for all its queries.
+// A task is one (session, kv head) and a few of its queries: a decode step reads each
+// session's K/V blocks once.
 at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>& q_sink, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& query_start, const at::Tensor& positions,
                            const at::Tensor& block_logical, const at::Tensor& block_physical,
@@ -476,16 +478,30 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   a.k_cache = k_cache.data_ptr<float>();
   a.v_cache = v_cache.data_ptr<float>();
   a.out = out.data_ptr<float>();
-  at::parallel_for(0, B * kvh, 1, [&](int64_t lo, int64_t hi) {
+  // a task: one (session, kv head) and up to kRows of its queries, so that one long
+  // chunk (a prompt, a scored text) still spreads over every thread
+  constexpr int64_t kRows = 8;
+  struct Task {
+    int64_t b, kh, row0, row1;
+  };
+  std::vector<Task> tasks;
+  for (int64_t b = 0; b < B; ++b) {
+    for (int64_t kh = 0; kh < kvh; ++kh) {
+      for (int64_t r = a.query_start[b]; r < a.query_start[b + 1]; r += kRows) {
+        tasks.push_back({b, kh, r, std::min(r + kRows, a.query_start[b + 1])});
+      }
+    }
+  }
+  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t lo, int64_t hi) {
     std::vector<float> scratch;
-    for (int64_t task = lo; task < hi; ++task) {
-      const int64_t b = task / kvh, kh = task % kvh;
+    for (int64_t i = lo; i < hi; ++i) {
+      const Task& t = tasks[i];
       switch (a.hd) {
-        case 16: attend_task<1>(a, b, kh, scratch); break;
-        case 32: attend_task<2>(a, b, kh, scratch); break;
-        case 64: attend_task<4>(a, b, kh, scratch); break;
-        case 128: attend_task<8>(a, b, kh, scratch); break;
-        default: attend_task<0>(a, b, kh, scratch); break;
+        case 16: attend_task<1>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
+        case 32: attend_task<2>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
+        case 64: attend_task<4>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
+        case 128: attend_task<8>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
+        default: attend_task<0>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
       }
     }
   });

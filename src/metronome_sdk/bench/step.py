@@ -10,6 +10,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 from metronome_engine import EngineCore, KVPolicy, StepRequest
+from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
 from metronome_engine.weights import load_model, resolve_model_dir
 
@@ -56,9 +57,11 @@ def interleaved_medians(steppers: list[Callable[[], None]], steps: int) -> list[
     return [statistics.median(mine) for mine in times]
 
 
-def engine_stepper(model: LlamaModel, contexts: list[int], steps: int, seed: int = 0) -> Callable[[], None]:
+def engine_stepper(
+    model: LlamaModel, contexts: list[int], steps: int, seed: int = 0, kernels: Kernels = "auto"
+) -> Callable[[], None]:
     need = sum(-(-(c + steps + 3) // 16) for c in contexts) + len(contexts)
-    engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=need, block_size=16)
+    engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=need, block_size=16, kernels=kernels)
     gen = torch.Generator().manual_seed(seed)
     seqs = []
     for ctx in contexts:
@@ -120,9 +123,11 @@ def run_step_bench(
     model: str = "smollm2-135m-instruct",
     steps: int = 10,
     with_hf: bool = True,
+    kernels: Kernels = "auto",
     roofline: Roofline | None = None,
     on_progress: Callable[[str], None] | None = None,
-) -> tuple[Roofline, list[StepResult]]:
+) -> tuple[Roofline, list[StepResult], str]:
+    """Each batch's medians, and the engine path that ran: ``"fused"`` or ``"torch"``."""
     roof = roofline or measure_roofline()
     weights = load_model(model)  # once: every batch's engine serves the same weights
     results = []
@@ -130,7 +135,7 @@ def run_step_bench(
         ctx = contexts_for(batch)
         if on_progress:
             on_progress(f"batch {batch}: engine")
-        steppers = [engine_stepper(weights, ctx, steps)]
+        steppers = [engine_stepper(weights, ctx, steps, kernels=kernels)]
         if with_hf:
             if on_progress:
                 on_progress(f"batch {batch}: HF transformers")
@@ -141,4 +146,4 @@ def run_step_bench(
         eng, hf = medians[0], (medians[1] if with_hf else None)
         flops, moved = decode_step_cost(weights.config, ctx)
         results.append(StepResult(batch, eng, hf, roof.floor_ms(flops, moved), min(ctx), max(ctx)))
-    return roof, results
+    return roof, results, "fused" if weights.packed else "torch"

@@ -26,6 +26,12 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=10, help="timed decode steps per measurement (median)")
     p.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
     p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument(
+        "--kernels",
+        choices=["auto", "fused", "torch"],
+        default="auto",
+        help="the engine's CPU path: fused kernels, plain torch ops, or fused where they build (default)",
+    )
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -38,11 +44,12 @@ def _run(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(f"[bench step] {msg}", file=sys.stderr, flush=True)
 
-    roof, results = run_step_bench(
-        args.batch, model=args.model, steps=args.steps, with_hf=not args.no_hf, on_progress=say
+    roof, results, kernels = run_step_bench(
+        args.batch, model=args.model, steps=args.steps, with_hf=not args.no_hf, kernels=args.kernels, on_progress=say
     )
     report = {
         "batches": [r.as_dict() for r in results],
+        "kernels": kernels,
         "gemm_gflops": roof.gemm_gflops,
         "copy_gbs": roof.copy_gbs,
         "machine": {
@@ -56,7 +63,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(
             f"roofline: fp32 GEMM {roof.gemm_gflops:.1f} GFLOP/s, copy {roof.copy_gbs:.1f} GB/s "
-            f"({torch.get_num_threads()} threads)"
+            f"({torch.get_num_threads()} threads); engine kernels: {kernels}"
         )
         print_table(
             ["batch", "context", "engine ms", "HF ms", "floor ms", "engine/HF", "engine/floor"],
