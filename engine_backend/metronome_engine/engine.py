@@ -283,14 +283,7 @@ class EngineCore:
             n_rows = ch.n_new if (req.all_logits or tokens.logit_rows is None) else 1
             spans.append((row, row + n_rows))
             row += n_rows
-        # one call for the batch; a decode step's logits are already one row per session
-        last = logits
-        if logits.shape[0] != len(spans):
-            last = logits.index_select(0, torch.tensor([end - 1 for _, end in spans], device=logits.device))
-        greedy = last.argmax(dim=-1).tolist()
-        # one check for the batch: which rows hold a NaN or an inf. A row's sum is non-finite
-        # exactly then (finite logits are far too small to overflow a float32 sum): one pass
-        finite = torch.isfinite(logits.sum(dim=-1)).tolist()
+        greedy, finite = self._greedy_and_finite(logits, [end - 1 for _, end in spans])
         results: list[tuple[SeqChunk, StepRequest, int | None, Tensor | None]] = []
         faulty: list[SeqChunk] = []
         for i, (ch, req) in enumerate(zip(chunks, served, strict=True)):
@@ -319,6 +312,20 @@ class EngineCore:
             # a fresh view: the old one holds the dropped rows' non-finite K/V, which other rows
             # would later see in masked columns (0 * NaN is NaN)
             self.view = BatchView()
+
+    def _greedy_and_finite(self, logits: Tensor, last_rows: list[int]) -> tuple[list[int], list[bool]]:
+        """The greedy token of each session (its last row) and, per row, whether it is all finite."""
+        if self.fused:
+            best, ok = torch.ops.metronome.greedy_rows(logits)  # one pass over the logits
+            best_rows = best.tolist()
+            return [best_rows[r] for r in last_rows], ok.tolist()
+        # one call for the batch; a decode step's logits are already one row per session
+        last = logits
+        if logits.shape[0] != len(last_rows):
+            last = logits.index_select(0, torch.tensor(last_rows, device=logits.device))
+        # a row's sum is non-finite exactly when the row holds a NaN or an inf (finite logits
+        # are far too small to overflow a float32 sum): one pass
+        return last.argmax(dim=-1).tolist(), torch.isfinite(logits.sum(dim=-1)).tolist()
 
     def _drop_faulty(self, seq: SequenceKV) -> None:
         """Scrub a corrupt session's blocks (a block reused with NaN in it poisons its next owner) and free them."""

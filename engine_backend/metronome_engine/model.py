@@ -14,7 +14,6 @@ The result equals rotating every resident token at its cache position ``0..S+W-1
 
 from __future__ import annotations
 
-import math
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -134,46 +133,47 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward_fused(self, input_ids: Tensor, batch: PagedBatch, cache: KVCache) -> Tensor:
-        """``forward`` on the fused kernels (``kernels/ops.cpp``) and packed weights: nine
-        calls a layer, and attention reads each session's blocks in place in the pool."""
+        """``forward`` on the fused kernels (``kernels/ops.cpp``) and packed weights: all
+        layers in one call, nine kernels a layer, and attention reads each session's
+        blocks in place in the pool."""
         c = self.config
-        ops = torch.ops.metronome
         self.pack_weights()
         tokens = batch.tokens
-        x = self._embed(input_ids)
         cos, sin = rope_cos_sin(self.inv_freq, tokens.positions)
         sink_cos = sink_sin = None
         if tokens.sink_positions is not None:
             sink_cos, sink_sin = rope_cos_sin(self.inv_freq, tokens.sink_positions)
-        scale = 1.0 / math.sqrt(c.head_dim)
-        for i, layer in enumerate(self._layers()):
-            k_cache, v_cache = cache.k[i], cache.v[i]
-            h = ops.rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = ops.packed_linear(h, layer.qkv, layer.q_out + 2 * layer.kv_out, None)
-            q, q_sink = ops.rope_store(
-                qkv, cos, sin, sink_cos, sink_sin, tokens.slot_mapping, k_cache, v_cache, c.num_heads
-            )
-            attn = ops.paged_attention(
-                q,
-                q_sink if sink_cos is not None else None,
-                k_cache,
-                v_cache,
-                batch.query_start,
-                tokens.positions,
-                batch.block_logical,
-                batch.block_physical,
-                batch.block_count,
-                batch.block_size,
-                batch.window,
-                batch.sinks,
-                scale,
-            )
-            x = ops.packed_linear(attn, layer.o_proj, c.hidden_size, x)
-            h = ops.rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            act = ops.silu_mul(ops.packed_linear(h, layer.gate_up, 2 * c.intermediate_size, None))
-            x = ops.packed_linear(act, layer.down_proj, c.hidden_size, x)
+        x = torch.ops.metronome.decoder_layers(
+            self._embed(input_ids),
+            self._fused_weights(),
+            cache.k,
+            cache.v,
+            cos,
+            sin,
+            sink_cos,
+            sink_sin,
+            tokens.slot_mapping,
+            batch.query_start,
+            tokens.positions,
+            batch.block_logical,
+            batch.block_physical,
+            batch.block_count,
+            batch.block_size,
+            batch.window,
+            batch.sinks,
+            c.num_heads,
+            c.intermediate_size,
+            c.rms_norm_eps,
+        )
         x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
-        return cast(Tensor, ops.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
+        return cast(Tensor, torch.ops.metronome.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
+
+    def _fused_weights(self) -> list[Tensor]:
+        return [
+            w
+            for layer in self._layers()
+            for w in (layer.input_norm, layer.qkv, layer.o_proj, layer.post_norm, layer.gate_up, layer.down_proj)
+        ]
 
     def _layers(self) -> list[_Layer]:
         return [cast(_Layer, layer) for layer in self.layers]

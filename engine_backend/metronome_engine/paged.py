@@ -34,21 +34,22 @@ class PagedBatch:
     def build(cls, policy: KVPolicy, chunks: Sequence[SeqChunk], *, device: torch.device) -> PagedBatch:
         tables = [ch.seq.resident_blocks() for ch in chunks]
         width = max(len(t) for t in tables)
-        logical = torch.full((len(chunks), width), -1, dtype=torch.int64)
-        physical = torch.zeros((len(chunks), width), dtype=torch.int64)
+        # flat lists, then one tensor each: a small tensor per session costs more than the lists
+        logical = [-1] * (len(chunks) * width)
+        physical = [0] * (len(chunks) * width)
         for b, table in enumerate(tables):
-            if table:
-                pairs = torch.tensor(table, dtype=torch.int64)
-                logical[b, : len(table)] = pairs[:, 0]
-                physical[b, : len(table)] = pairs[:, 1]
+            at = b * width
+            for i, (lb, pb) in enumerate(table):
+                logical[at + i] = lb
+                physical[at + i] = pb
         starts = [0]
         for ch in chunks:
             starts.append(starts[-1] + ch.n_new)
         return cls(
             tokens=StepTokens.build(policy, chunks, device=device),
             query_start=torch.tensor(starts, dtype=torch.int64, device=device),
-            block_logical=logical.to(device),
-            block_physical=physical.to(device),
+            block_logical=torch.tensor(logical, dtype=torch.int64, device=device).view(len(chunks), width),
+            block_physical=torch.tensor(physical, dtype=torch.int64, device=device).view(len(chunks), width),
             block_count=torch.tensor([len(t) for t in tables], dtype=torch.int64, device=device),
             block_size=chunks[0].seq.block_size,
             window=policy.window if policy.window is not None else 0,

@@ -41,6 +41,19 @@ def test_rms_norm_and_silu_mul_match_torch() -> None:
     torch.testing.assert_close(ops.silu_mul(gu), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
 
 
+def test_greedy_rows_matches_argmax_and_flags_non_finite_rows() -> None:
+    gen = torch.Generator().manual_seed(2)
+    logits = torch.randn(6, 1000 + 7, generator=gen)  # a vocabulary that leaves a tail
+    logits[1, 1006] = 50.0  # the maximum in the tail
+    logits[2, 10] = logits[2, 900] = 60.0  # a tie: the first one, as torch.argmax
+    logits[3, 5] = float("nan")
+    logits[4, 7] = float("inf")
+    logits[5, 1003] = float("-inf")
+    best, finite = ops.greedy_rows(logits)
+    assert finite.tolist() == [True, True, True, False, False, False]
+    assert best[:3].tolist() == logits[:3].argmax(-1).tolist() and best[1] == 1006 and best[2] == 10
+
+
 @pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 13, 32, 40])
 @pytest.mark.parametrize(("k", "n"), [(64, 96), (48, 70), (576, 32)])
 def test_packed_linear_matches_mm(rows: int, k: int, n: int) -> None:
