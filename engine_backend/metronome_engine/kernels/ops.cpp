@@ -14,6 +14,7 @@
 #endif
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdint>
 #include <cstring>
@@ -189,9 +190,10 @@ inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t K
   vf acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = vf{};
   for (int64_t k = 0; k < K; ++k) {
-    // panels follow each other in memory: fetch 8 KB ahead, about one DRAM latency of work
-    __builtin_prefetch(panel + (k + 64) * kPanel);
-    __builtin_prefetch(panel + (k + 64) * kPanel + kLanes);
+    // panels follow each other in memory: fetch 16 KB ahead into L2 (into L1 it would hold
+    // the fill buffers that bound one core's bandwidth; measured 4-20% faster at 1-32 rows)
+    __builtin_prefetch(panel + (k + 128) * kPanel, 0, 1);
+    __builtin_prefetch(panel + (k + 128) * kPanel + kLanes, 0, 1);
     const vf b0 = vload(panel + k * kPanel);
     const vf b1 = vload(panel + k * kPanel + kLanes);
     for (int r = 0; r < R; ++r) {
@@ -536,9 +538,15 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
       }
     }
   }
-  at::parallel_for(0, static_cast<int64_t>(tasks.size()), 1, [&](int64_t lo, int64_t hi) {
+  // sessions differ in length, so tasks differ in cost: the longest go first and each
+  // thread takes the next task when it is free (a static split left one thread idle)
+  auto cost = [&](const Task& t) { return a.block_count[t.b] * (t.row1 - t.row0); };
+  std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) { return cost(x) > cost(y); });
+  std::atomic<int64_t> next{0};
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_tasks), 1, [&](int64_t, int64_t) {
     std::vector<float> scratch;
-    for (int64_t i = lo; i < hi; ++i) {
+    for (int64_t i = next++; i < n_tasks; i = next++) {
       const Task& t = tasks[i];
       switch (a.hd) {
         case 16: attend_task<1>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
