@@ -539,7 +539,7 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
     }
   }
   // sessions differ in length, so tasks differ in cost: the longest go first and each
-  // thread takes the next task when it is free (a static split left one thread idle)
+  // thread takes the next task when it is free (a static split left one thread waiting)
   auto cost = [&](const Task& t) { return a.block_count[t.b] * (t.row1 - t.row0); };
   std::stable_sort(tasks.begin(), tasks.end(), [&](const Task& x, const Task& y) { return cost(x) > cost(y); });
   std::atomic<int64_t> next{0};
