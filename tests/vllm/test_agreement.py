@@ -63,7 +63,10 @@ def test_is_an_engine_backend(vllm_full: VLLMEngineCore) -> None:
 
 def test_full_policy_greedy_matches_torch_runner(tiny_dir: Path, vllm_full: VLLMEngineCore) -> None:
     sessions = [chunks(1, 60), chunks(2, 45, first=5), chunks(3, 30, first=40)]
-    ref = greedy(EngineCore(load_model(tiny_dir), policy=KVPolicy.full(), num_blocks=256, block_size=32), sessions)
+    ref = greedy(
+        EngineCore(load_model(tiny_dir), policy=KVPolicy.full(), num_blocks=256, block_size=32, kernels="torch"),
+        sessions,
+    )
     assert greedy(vllm_full, sessions) == ref
     assert vllm_full.pool_stats().used_blocks == 0  # freeing a session returns its blocks to vLLM
 
@@ -71,8 +74,13 @@ def test_full_policy_greedy_matches_torch_runner(tiny_dir: Path, vllm_full: VLLM
 def test_windowed_greedy_matches_torch_runner(tiny_dir: Path, vllm_window: VLLMEngineCore) -> None:
     # 150+ tokens: the window (64) has moved on and the sinks carry the scoring
     sessions = [chunks(4, 80), chunks(5, 70, first=3)]
-    ref = greedy(EngineCore(load_model(tiny_dir), policy=WINDOW, num_blocks=256, block_size=32), sessions)
-    full = greedy(EngineCore(load_model(tiny_dir), policy=KVPolicy.full(), num_blocks=256, block_size=32), sessions)
+    ref = greedy(
+        EngineCore(load_model(tiny_dir), policy=WINDOW, num_blocks=256, block_size=32, kernels="torch"), sessions
+    )
+    full = greedy(
+        EngineCore(load_model(tiny_dir), policy=KVPolicy.full(), num_blocks=256, block_size=32, kernels="torch"),
+        sessions,
+    )
     assert ref != full  # the window changed the answers: agreeing below is not agreeing with full
     assert greedy(vllm_window, sessions) == ref
 

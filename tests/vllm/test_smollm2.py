@@ -34,7 +34,9 @@ def test_greedy_matches_torch_runner(policy: KVPolicy) -> None:
     folder = resolve_model_dir(DEFAULT_MODEL)
     tok = AutoTokenizer.from_pretrained(str(folder))
     prompt = tok.encode(PROMPT)
-    ref = decode_greedy(EngineCore(load_model(folder), policy=policy, num_blocks=64, block_size=32), prompt, 12)
+    ref = decode_greedy(
+        EngineCore(load_model(folder), policy=policy, num_blocks=64, block_size=32, kernels="torch"), prompt, 12
+    )
     with VLLMEngineCore(folder, policy=policy, num_blocks=64, block_size=32, max_model_len=2048) as core:
         got = decode_greedy(core, prompt, 12)
     assert got == ref
