@@ -118,7 +118,9 @@ class EngineCore:
 
     Size the pool with ``num_blocks`` or a byte budget ``memory_bytes`` (one of them).
     A bounded policy is checked at construction: the pool must hold at least one
-    session's bound, else ``ValueError``.
+    session's bound, else ``ValueError``. ``kernels`` picks the step's path: the fused
+    CPU kernels (``"fused"``; the first fused engine packs the model's weights in place),
+    plain torch ops (``"torch"``), or fused where they build (``"auto"``).
     """
 
     def __init__(

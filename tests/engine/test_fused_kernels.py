@@ -299,3 +299,13 @@ def test_packed_embedding_rows_equal_the_original_ones() -> None:
 def test_unknown_kernels_value_names_the_choices() -> None:
     with pytest.raises(ValueError, match="'auto', 'fused' or 'torch'"):
         tiny_engine(KVPolicy.full(), kernels="fast")  # type: ignore[arg-type]
+
+
+def test_where_the_kernels_cannot_build_auto_runs_torch_and_fused_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(kernels._state, "result", RuntimeError("g++: command not found"))
+    engine = tiny_engine(KVPolicy.full(), kernels="auto")
+    assert not engine.fused and not engine.model.packed
+    out = engine.step([StepRequest(engine.add_sequence(), [1, 2, 3])])[0]
+    assert out.ok and out.token is not None
+    with pytest.raises(kernels.KernelBuildError, match="g\\+\\+: command not found"):
+        tiny_engine(KVPolicy.full(), kernels="fused")

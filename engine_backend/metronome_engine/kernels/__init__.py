@@ -79,10 +79,12 @@ def load() -> None:
 
 def available() -> bool:
     """Whether the kernels load here (building them if needed); never raises."""
+    tried = "result" in _state
     try:
         load()
     except KernelBuildError as exc:
-        log.warning("fused CPU kernels unavailable, using the torch path: %s", exc)
+        if not tried:  # once per process, not once per engine
+            log.warning("fused CPU kernels unavailable, using the torch path: %s", exc)
         return False
     return True
 
