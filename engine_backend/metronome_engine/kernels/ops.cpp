@@ -92,6 +92,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   check_f32(x, "x");
   check_f32(w, "weight");
   const int64_t n = x.size(-1);
+  TORCH_CHECK(n > 0 && w.numel() == n, "the norm's weight must have one entry per column");
   const int64_t rows = x.numel() / n;
   auto out = at::empty_like(x);
   const float* xp = x.data_ptr<float>();
@@ -116,6 +117,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
 // [T, 2f] (gate | up) -> silu(gate) * up, [T, f].
 at::Tensor silu_mul(const at::Tensor& gate_up) {
   check_f32(gate_up, "gate_up");
+  TORCH_CHECK(gate_up.dim() == 2 && gate_up.size(1) % 2 == 0, "gate_up must be [rows, 2 * f]");
   const int64_t rows = gate_up.size(0);
   const int64_t f = gate_up.size(1) / 2;
   auto out = at::empty({rows, f}, gate_up.options());
