@@ -9,6 +9,7 @@ a vector path, row counts that leave remainder tiles, block tables in any pool o
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
 import torch
@@ -309,3 +310,12 @@ def test_where_the_kernels_cannot_build_auto_runs_torch_and_fused_says_why(monke
     assert out.ok and out.token is not None
     with pytest.raises(kernels.KernelBuildError, match="g\\+\\+: command not found"):
         tiny_engine(KVPolicy.full(), kernels="fused")
+
+
+def test_an_edited_kernel_source_builds_into_a_new_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    # a stale library must never be loaded for a changed source: the cache key covers it
+    before = kernels.build_dir()
+    edited = tmp_path / "ops.cpp"
+    edited.write_bytes(kernels._SOURCE.read_bytes() + b"\n// edited\n")
+    monkeypatch.setattr(kernels, "_SOURCE", edited)
+    assert kernels.build_dir() != before and kernels.build_dir().parent == before.parent
