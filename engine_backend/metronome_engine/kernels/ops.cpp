@@ -2,8 +2,8 @@
 // attention.py is the reference; tests hold these kernels to it.
 //
 // Why: a batch-32 decode step of a 30-layer model is ~1,200 small torch ops plus a
-// gather of every session's K/V into a contiguous view. Here each layer is nine calls,
-// and attention reads each session's blocks in place from the pool.
+// gather of every session's K/V into a contiguous view. Here all layers are one call,
+// nine kernels a layer, and attention reads each session's blocks in place in the pool.
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
@@ -269,17 +269,26 @@ std::tuple<at::Tensor, at::Tensor> rope_store(const at::Tensor& qkv, const at::T
                                               const std::optional<at::Tensor>& sink_sin, const at::Tensor& slots,
                                               at::Tensor k_cache, at::Tensor v_cache, int64_t num_heads) {
   check_f32(qkv, "qkv");
-  check_f32(cos, "cos");
-  check_f32(sin, "sin");
   check_i64(slots, "slot_mapping");
   check_f32(k_cache, "k_cache");
   check_f32(v_cache, "v_cache");
+  TORCH_CHECK(qkv.dim() == 2 && k_cache.dim() == 3 && v_cache.sizes() == k_cache.sizes(), "bad qkv or cache shape");
   const int64_t T = qkv.size(0);
   const int64_t kvh = k_cache.size(0);
   const int64_t num_slots = k_cache.size(1);
   const int64_t hd = k_cache.size(2);
   TORCH_CHECK(qkv.size(1) == (num_heads + 2 * kvh) * hd, "qkv width does not match the heads");
+  TORCH_CHECK(slots.numel() == T, "one slot per token");
+  auto check_angles = [&](const at::Tensor& c, const at::Tensor& s, const char* name) {
+    check_f32(c, name);
+    check_f32(s, name);
+    TORCH_CHECK(c.dim() == 2 && c.size(0) == T && c.size(1) == hd && s.sizes() == c.sizes(), name,
+                " must be [tokens, head_dim]");
+  };
+  check_angles(cos, sin, "cos/sin");
   const bool sinks = sink_cos.has_value();
+  TORCH_CHECK(sinks == sink_sin.has_value(), "give sink_cos and sink_sin together");
+  if (sinks) check_angles(*sink_cos, *sink_sin, "sink_cos/sink_sin");
   auto q = at::empty({T, num_heads, hd}, qkv.options());
   auto q_sink = sinks ? at::empty({T, num_heads, hd}, qkv.options()) : at::empty({0}, qkv.options());
   const float* src = qkv.data_ptr<float>();
