@@ -188,14 +188,18 @@ constexpr int64_t kPanel = 32;
 
 template <int R>
 inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t K, const float* res, int64_t ldr,
-                      float* c, int64_t ldc, int64_t cols) {
+                      float* c, int64_t ldc, int64_t cols, const float* ahead, int64_t ahead_step) {
   vf acc[R][2];
   for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = vf{};
   for (int64_t k = 0; k < K; ++k) {
-    // panels follow each other in memory: fetch 16 KB ahead into L2 (into L1 it would hold
-    // the fill buffers that bound one core's bandwidth; measured 4-20% faster at 1-32 rows)
-    __builtin_prefetch(panel + (k + 128) * kPanel, 0, 1);
-    __builtin_prefetch(panel + (k + 128) * kPanel + kLanes, 0, 1);
+    // fetch into L2, not L1: in L1 it would hold the fill buffers that bound one core's
+    // bandwidth (measured 4-20% faster at 1-32 rows)
+    if (ahead_step == kPanel) {
+      __builtin_prefetch(ahead + k * kPanel, 0, 1);
+      __builtin_prefetch(ahead + k * kPanel + kLanes, 0, 1);
+    } else if (ahead_step > 0) {
+      __builtin_prefetch(ahead + k * ahead_step, 0, 1);
+    }
     const vf b0 = vload(panel + k * kPanel);
     const vf b1 = vload(panel + k * kPanel + kLanes);
     for (int r = 0; r < R; ++r) {
@@ -244,9 +248,24 @@ at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, int64_t n, co
       const float* res = rp != nullptr ? rp + col : nullptr;
       int64_t r = 0;
       auto at_row = [&](int64_t r) { return res != nullptr ? res + r * n : nullptr; };
-      for (; r + 8 <= M; r += 8) gemm_tile<8>(xp + r * K, K, panel, K, at_row(r), n, op + r * n + col, n, cols);
-      for (; r + 4 <= M; r += 4) gemm_tile<4>(xp + r * K, K, panel, K, at_row(r), n, op + r * n + col, n, cols);
-      for (; r < M; ++r) gemm_tile<1>(xp + r * K, K, panel, K, at_row(r), n, op + r * n + col, n, cols);
+      const int64_t tiles = M / 8 + (M % 8) / 4 + (M % 4);
+      const float* next = panel + K * kPanel;
+      const int64_t step = tiles > 1 ? std::max<int64_t>(kPanel / (tiles - 1), 4) : kPanel;
+      int64_t t = 0;
+      // the first tile reads the panel from memory, fetching 16 KB ahead; the later ones
+      // find it in cache and fetch a share of the next panel each (7-11% faster at 32 rows)
+      auto ahead = [&](int64_t tile) { return tile == 0 ? panel + 128 * kPanel : next + (tile - 1) * K * step; };
+      // (with many tiles, the ones past a whole panel's worth fetch nothing)
+      auto stride = [&](int64_t tile) { return tile == 0 ? kPanel : ((tile - 1) * step < kPanel ? step : 0); };
+      for (; r + 8 <= M; r += 8, ++t) {
+        gemm_tile<8>(xp + r * K, K, panel, K, at_row(r), n, op + r * n + col, n, cols, ahead(t), stride(t));
+      }
+      for (; r + 4 <= M; r += 4, ++t) {
+        gemm_tile<4>(xp + r * K, K, panel, K, at_row(r), n, op + r * n + col, n, cols, ahead(t), stride(t));
+      }
+      for (; r < M; ++r, ++t) {
+        gemm_tile<1>(xp + r * K, K, panel, K, at_row(r), n, op + r * n + col, n, cols, ahead(t), stride(t));
+      }
     }
   });
   return out;
