@@ -160,11 +160,8 @@ class EngineCore:
         self.fused = _use_fused(kernels, self.device)
         if self.fused:
             model.pack_weights()
-        elif model.packed:
-            raise ValueError(
-                "this model's weights are packed for the fused kernels by another engine; "
-                "load the model again for kernels='torch'"
-            )
+        else:
+            model.require_unpacked()
         self._seqs: dict[int, _Seq] = {}
         self._ids = itertools.count(1)
 

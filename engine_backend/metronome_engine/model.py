@@ -84,7 +84,8 @@ class LlamaModel(nn.Module):
             self.lm_head = head
         self.packed = True
 
-    def _require_unpacked(self) -> None:
+    def require_unpacked(self) -> None:
+        """``ValueError`` if ``pack_weights`` ran: the torch path cannot read packed weights."""
         if self.packed:
             raise ValueError(
                 "this model's weights are packed for the fused kernels (pack_weights); "
@@ -99,7 +100,7 @@ class LlamaModel(nn.Module):
     @torch.inference_mode()
     def forward(self, input_ids: Tensor, batch: AttentionBatch, cache: KVCache, view: BatchView) -> Tensor:
         """Hidden states after the final norm for the rows ``batch.tokens.logit_rows``."""
-        self._require_unpacked()
+        self.require_unpacked()
         c = self.config
         x = F.embedding(input_ids, self.embed)
         tokens = batch.tokens
@@ -133,11 +134,10 @@ class LlamaModel(nn.Module):
 
     @torch.inference_mode()
     def forward_fused(self, input_ids: Tensor, batch: PagedBatch, cache: KVCache) -> Tensor:
-        """``forward`` on the fused kernels (``kernels/ops.cpp``) and packed weights: all
-        layers in one call, nine kernels a layer, and attention reads each session's
-        blocks in place in the pool."""
+        """``forward`` on the fused kernels (``kernels/ops.cpp``) and packed weights
+        (``pack_weights``, which the engine runs once): all layers in one call, nine
+        kernels a layer, and attention reads each session's blocks in place in the pool."""
         c = self.config
-        self.pack_weights()
         tokens = batch.tokens
         cos, sin = rope_cos_sin(self.inv_freq, tokens.positions)
         sink_cos = sink_sin = None
@@ -186,7 +186,7 @@ class LlamaModel(nn.Module):
 
     def load_hf_state_dict(self, state: dict[str, Tensor]) -> None:
         """Copy weights named as in HF ``LlamaForCausalLM``; fuses q/k/v and gate/up."""
-        self._require_unpacked()
+        self.require_unpacked()
         c = self.config
         missing: list[str] = []
 

@@ -53,5 +53,5 @@ class PagedBatch:
             block_count=torch.tensor([len(t) for t in tables], dtype=torch.int64, device=device),
             block_size=chunks[0].seq.block_size,
             window=policy.window if policy.window is not None else 0,
-            sinks=policy.sinks if policy.bounded else 0,
+            sinks=policy.sinks,  # 0 under the full policy
         )
