@@ -31,28 +31,31 @@ from .paged import PagedBatch
 from .sampling import SamplingParams, sample
 from .sequence import SequenceKV
 
-__all__ = ["EngineCore", "Kernels", "StepRequest", "StepOutput", "Stall", "PoolStats"]
+__all__ = ["EngineCore", "Kernels", "StepRequest", "StepOutput", "Stall", "PoolStats", "resolve_kernels"]
 
 # "fused": the compiled kernels (kernels/ops.cpp), which fail loudly if they cannot build;
 # "torch": plain torch ops; "auto": fused where they build (CPU, float32), else torch
 Kernels = Literal["auto", "fused", "torch"]
 
 
-def _use_fused(kernels: Kernels, device: torch.device) -> bool:
+def resolve_kernels(kernels: Kernels, device: torch.device) -> Literal["fused", "torch"]:
+    """The path an engine with this choice runs on ``device``: ``"auto"`` resolves to
+    ``"fused"`` where the kernels build. ``"fused"`` raises ``KernelBuildError`` where
+    they do not."""
     from . import kernels as fused_kernels
 
     if kernels not in ("auto", "fused", "torch"):
         raise ValueError(f"kernels must be 'auto', 'fused' or 'torch', got {kernels!r}")
     if kernels == "torch":
-        return False
+        return "torch"
     if device.type != "cpu":
         if kernels == "fused":
             raise ValueError(f"kernels='fused' runs on the CPU only, the model is on {device}; use kernels='auto'")
-        return False
+        return "torch"
     if kernels == "fused":
         fused_kernels.load()
-        return True
-    return fused_kernels.available()
+        return "fused"
+    return "fused" if fused_kernels.available() else "torch"
 
 
 class Stall(enum.Enum):
@@ -157,7 +160,7 @@ class EngineCore:
         self.bytes_per_block = bytes_per_block
         self.cache = KVCache(self.config, self.pool.num_blocks, block_size, device=self.device)
         self.view = BatchView()
-        self.fused = _use_fused(kernels, self.device)
+        self.fused = resolve_kernels(kernels, self.device) == "fused"
         if self.fused:
             model.pack_weights()
         else:

@@ -14,6 +14,8 @@ The result equals rotating every resident token at its cache position ``0..S+W-1
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, cast
 
 import torch
@@ -24,6 +26,7 @@ from .attention import AttentionBatch
 from .batch_view import BatchView
 from .config import ModelConfig
 from .kv_cache import KVCache
+from .quant import QuantBlocks, pack_tiles, tile_rows
 
 if TYPE_CHECKING:
     from .paged import PagedBatch
@@ -31,6 +34,16 @@ if TYPE_CHECKING:
 __all__ = ["LlamaModel", "rope_cos_sin", "apply_rope", "pack_panels"]
 
 PANEL = 32  # columns per panel of a packed weight (kPanel in kernels/ops.cpp)
+
+log = logging.getLogger(__name__)
+
+# the dense layers of a decoder layer, and the HF weights each one fuses (in this order)
+_LINEARS = (
+    ("qkv", ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj")),
+    ("o_proj", ("self_attn.o_proj",)),
+    ("gate_up", ("mlp.gate_proj", "mlp.up_proj")),
+    ("down_proj", ("mlp.down_proj",)),
+)
 
 
 def rope_cos_sin(inv_freq: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -66,23 +79,65 @@ class LlamaModel(nn.Module):
         self.norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
         inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
         self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.packed = False  # dense weights in the fused kernels' panels (see pack_weights)
+        self.packed = False  # dense weights in the fused kernels' layout (see pack_weights)
+        self.tiles = False  # ... and that layout is blocks in AMX tiles
+        # the weights as GGUF blocks, where the loader read them from a GGUF file
+        self.block_source: Callable[[], Mapping[str, QuantBlocks]] | None = None
+        self.head_scale = self.head_offset = torch.empty(0)
 
-    def pack_weights(self) -> None:
-        """Put the dense weights, in place, into the panels the fused kernels stream
-        (``[ceil(N / 32), K, 32]`` for a ``[K, N]`` weight). No copy is kept: afterwards the
-        model serves engines with fused kernels only. Idempotent."""
+    def pack_weights(self, *, tiles: bool = True) -> None:
+        """Put the dense weights, in place, into the layout the fused kernels read. No copy
+        is kept: afterwards the model serves engines with fused kernels only. Idempotent.
+
+        With ``tiles`` (the default), where the CPU has AMX tiles and the model came from a
+        GGUF file whose blocks reproduce its float32 weights exactly, each weight becomes its
+        blocks in tiles (``quant.pack_tiles``: about half the bytes). Otherwise, float32
+        panels ``[ceil(N / 32), K, 32]`` for a ``[K, N]`` weight."""
         if self.packed:
             return
+        blocks = self._exact_blocks() if tiles else None
         with torch.no_grad():
-            for layer in self._layers():
-                for name in ("qkv", "o_proj", "gate_up", "down_proj"):
-                    setattr(layer, name, nn.Parameter(pack_panels(getattr(layer, name)), requires_grad=False))
-            head = nn.Parameter(pack_panels(self.lm_head.t()), requires_grad=False)
+            for i, layer in enumerate(self._layers()):
+                for name, _ in _LINEARS:
+                    if blocks is None:
+                        packed = (pack_panels(getattr(layer, name)), torch.empty(0), torch.empty(0))
+                    else:
+                        packed = pack_tiles(blocks[f"model.layers.{i}.{name}"])
+                    layer.set_packed(name, *packed)
+            if blocks is None:
+                head = pack_panels(self.lm_head.t())
+            else:
+                head, self.head_scale, self.head_offset = pack_tiles(blocks["lm_head"])
             if self.config.tie_word_embeddings:
-                self.embed = head  # looked up from the panels: a tied model keeps one copy
-            self.lm_head = head
-        self.packed = True
+                self.embed = nn.Parameter(head, requires_grad=False)  # rows read from the head
+            self.lm_head = nn.Parameter(head, requires_grad=False)
+        self.packed, self.tiles = True, blocks is not None
+
+    def _exact_blocks(self) -> dict[str, QuantBlocks] | None:
+        """Each dense layer's GGUF blocks, fused as the model fuses them, if the tiles can
+        run here and every block de-quantizes to exactly the weight the model holds."""
+        from . import kernels
+
+        if self.block_source is None or not kernels.tiles_available():
+            return None
+        source = self.block_source()
+        head = "lm_head.weight" if not self.config.tie_word_embeddings else "model.embed_tokens.weight"
+        wanted = {"lm_head": ([head], self.lm_head.t())}
+        for i, layer in enumerate(self._layers()):
+            for name, parts in _LINEARS:
+                names = [f"model.layers.{i}.{p}.weight" for p in parts]
+                wanted[f"model.layers.{i}.{name}"] = (names, getattr(layer, name))
+        out = {}
+        for key, (names, weight) in wanted.items():
+            if any(n not in source for n in names):
+                log.info("no GGUF blocks for %s: float32 panels", names[0])
+                return None
+            fused = QuantBlocks.cat([source[n] for n in names])
+            if not torch.equal(fused.dequantize().t(), weight):
+                log.warning("GGUF blocks of %s differ from the loaded weights: float32 panels", names[0])
+                return None
+            out[key] = fused
+        return out
 
     def require_unpacked(self) -> None:
         """``ValueError`` if ``pack_weights`` ran: the torch path cannot read packed weights."""
@@ -94,6 +149,8 @@ class LlamaModel(nn.Module):
 
     def _embed(self, input_ids: Tensor) -> Tensor:
         if self.packed and self.config.tie_word_embeddings:
+            if self.tiles:
+                return tile_rows(self.embed, self.head_scale, self.head_offset, input_ids)
             return self.embed[input_ids // PANEL, :, input_ids % PANEL]
         return F.embedding(input_ids, self.embed)
 
@@ -169,11 +226,15 @@ class LlamaModel(nn.Module):
         return cast(Tensor, torch.ops.metronome.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
 
     def _fused_weights(self) -> list[Tensor]:
-        return [
-            w
-            for layer in self._layers()
-            for w in (layer.input_norm, layer.qkv, layer.o_proj, layer.post_norm, layer.gate_up, layer.down_proj)
-        ]
+        # per layer, as kernels/ops.cpp's decoder_layers reads them: a norm, two dense
+        # layers, a norm, two dense layers, each dense layer as (weight, scale, offset)
+        out: list[Tensor] = []
+        for layer in self._layers():
+            for norm, linears in ((layer.input_norm, ("qkv", "o_proj")), (layer.post_norm, ("gate_up", "down_proj"))):
+                out.append(norm)
+                for name in linears:
+                    out.extend(layer.packed_linear(name))
+        return out
 
     def _layers(self) -> list[_Layer]:
         return [cast(_Layer, layer) for layer in self.layers]
@@ -181,7 +242,12 @@ class LlamaModel(nn.Module):
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
         if self.packed:
-            return cast(Tensor, torch.ops.metronome.packed_linear(hidden, self.lm_head, self.config.vocab_size, None))
+            return cast(
+                Tensor,
+                torch.ops.metronome.linear(
+                    hidden, self.lm_head, self.head_scale, self.head_offset, self.config.vocab_size, None
+                ),
+            )
         return F.linear(hidden, self.lm_head)
 
     def load_hf_state_dict(self, state: dict[str, Tensor]) -> None:
@@ -237,6 +303,16 @@ class _Layer(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(f, h), requires_grad=False)
         self.input_norm = nn.Parameter(torch.ones(h), requires_grad=False)
         self.post_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+        # per dense layer, once packed: the tiles' scale and offset (empty for panels)
+        self.scales: dict[str, tuple[Tensor, Tensor]] = {}
+
+    def set_packed(self, name: str, weight: Tensor, scale: Tensor, offset: Tensor) -> None:
+        setattr(self, name, nn.Parameter(weight, requires_grad=False))
+        self.scales[name] = (scale, offset)
+
+    def packed_linear(self, name: str) -> tuple[Tensor, Tensor, Tensor]:
+        scale, offset = self.scales[name]
+        return getattr(self, name), scale, offset
 
 
 def pack_panels(weight: Tensor) -> Tensor:

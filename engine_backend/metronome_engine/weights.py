@@ -6,6 +6,7 @@ a plain safetensors folder under the cache directory and later loads read that.
 
 from __future__ import annotations
 
+import functools
 import importlib.metadata
 import json
 import os
@@ -106,6 +107,11 @@ def load_model(model: str | os.PathLike[str] = DEFAULT_MODEL, *, device: str | t
         state.update(load_file(str(f)))
     net = LlamaModel(config)
     net.load_hf_state_dict(state)
+    if str(model) in KNOWN_MODELS:
+        # the GGUF's own blocks, for the fused kernels' tiles (read only if they run here)
+        from .quant import read_gguf_blocks
+
+        net.block_source = functools.partial(read_gguf_blocks, smollm2_gguf_path(), config)
     return net.to(device).eval()
 
 

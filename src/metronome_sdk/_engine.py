@@ -59,9 +59,10 @@ _GROWTH_WINDOW = 64  # ticks the growth rate r is measured over
 
 
 @functools.lru_cache(maxsize=4)
-def _shared_model(model: str, device: str, kernels: str) -> Any:
+def _shared_model(model: str, device: str, path: str) -> Any:
     # weights are read-only at inference: engines of the same model share them. One copy
-    # per kernel choice: the fused kernels pack the weights in place (torch cannot read them)
+    # per engine path ("auto" resolved first): the fused kernels pack the weights in place,
+    # where the torch path cannot read them
     from metronome_engine.weights import load_model
 
     return load_model(model, device=device)
@@ -232,7 +233,12 @@ class Engine:
         cfg = self.config
         assert cfg is not None  # a core-less engine always has a config
         if self._core is None:
-            model = _shared_model(cfg.model, cfg.device, cfg.kernels)
+            import torch
+
+            from metronome_engine.engine import resolve_kernels
+
+            path = resolve_kernels(cfg.kernels, torch.device(cfg.device))
+            model = _shared_model(cfg.model, cfg.device, path)
             pool = cfg.pool_size()
             self._core = EngineCore(
                 model,

@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from metronome_engine import EngineCore, KVPolicy, ModelConfig, StepRequest, kernels
+from metronome_engine.engine import resolve_kernels
 from metronome_engine.model import LlamaModel, apply_rope, pack_panels, rope_cos_sin
 
 from .tiny import VOCAB, tiny_engine
@@ -316,6 +317,17 @@ def test_an_edited_kernel_source_builds_into_a_new_folder(monkeypatch: pytest.Mo
     # a stale library must never be loaded for a changed source: the cache key covers it
     before = kernels.build_dir()
     edited = tmp_path / "ops.cpp"
-    edited.write_bytes(kernels._SOURCE.read_bytes() + b"\n// edited\n")
-    monkeypatch.setattr(kernels, "_SOURCE", edited)
+    edited.write_bytes(kernels._SOURCES[0].read_bytes() + b"\n// edited\n")
+    monkeypatch.setattr(kernels, "_SOURCES", [edited, *kernels._SOURCES[1:]])
     assert kernels.build_dir() != before and kernels.build_dir().parent == before.parent
+
+
+def test_resolve_kernels_names_the_path_an_engine_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    cpu = torch.device("cpu")
+    assert resolve_kernels("torch", cpu) == "torch"
+    assert resolve_kernels("auto", cpu) == resolve_kernels("fused", cpu) == "fused"
+    assert resolve_kernels("auto", torch.device("meta")) == "torch"
+    with pytest.raises(ValueError, match="CPU only"):
+        resolve_kernels("fused", torch.device("meta"))
+    monkeypatch.setitem(kernels._state, "result", RuntimeError("g++: command not found"))
+    assert resolve_kernels("auto", cpu) == "torch"

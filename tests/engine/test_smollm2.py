@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from metronome_engine import EngineCore, KVPolicy, StepRequest
-from metronome_engine.engine import Kernels
+from metronome_engine import kernels as fused_kernels
 from metronome_engine.tokenizer import Tokenizer
 from metronome_engine.weights import DEFAULT_MODEL, load_model, resolve_model_dir
 
@@ -18,10 +18,17 @@ def model():  # type: ignore[no-untyped-def]
     return load_model(DEFAULT_MODEL)
 
 
-def test_logits_match_hf_transformers_for_a_batch_of_sessions(kernels: Kernels) -> None:
+@pytest.mark.parametrize("layout", ["torch", "panels", "tiles"])
+def test_logits_match_hf_transformers_for_a_batch_of_sessions(layout: str) -> None:
+    """The torch path, and the fused kernels on float32 panels and on AMX tiles."""
     from transformers import LlamaForCausalLM
 
     model = load_model(DEFAULT_MODEL)  # its own copy: the fused engine packs the weights in place
+    if layout != "torch":
+        if layout == "tiles" and not fused_kernels.tiles_available():
+            pytest.skip("this CPU (or OS) offers no AMX tiles")
+        model.pack_weights(tiles=layout == "tiles")
+        assert model.tiles == (layout == "tiles")
 
     hf = LlamaForCausalLM.from_pretrained(str(resolve_model_dir(DEFAULT_MODEL)), dtype=torch.float32)
     hf.train(False)
@@ -32,7 +39,7 @@ def test_logits_match_hf_transformers_for_a_batch_of_sessions(kernels: Kernels) 
         "def fibonacci(n):\n    if n < 2:\n        return n\n",
     ]
     streams = [tok.encode(t) for t in texts]
-    engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=64, kernels=kernels)
+    engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=64, kernels="torch" if layout == "torch" else "fused")
     seqs = [engine.add_sequence() for _ in streams]
     # chunked prefill of all but the last 3 tokens, then 3 decode steps
     outs = engine.step([StepRequest(s, t[:-3], all_logits=True) for s, t in zip(seqs, streams, strict=True)])

@@ -132,3 +132,15 @@ async def test_a_chunk_that_widens_the_bound_past_the_pool_fails_at_start() -> N
     with pytest.raises(ValueError, match="max_chunk_tokens"):
         async with engine:
             pass
+
+
+@pytest.mark.real_model
+def test_auto_and_fused_engines_share_one_copy_of_the_weights() -> None:
+    # "auto" resolves before the shared-model cache: where the kernels build it is "fused",
+    # and a second packed copy of the weights would double the process's memory
+    engines = [metronome.Engine(metronome.EngineConfig(kernels=k, num_blocks=64)) for k in ("auto", "fused", "torch")]
+    for engine in engines:
+        engine._load()
+    auto, fused, plain = (engine._require_core().model for engine in engines)  # type: ignore[attr-defined]
+    assert auto is fused and fused.packed
+    assert plain is not fused and not plain.packed

@@ -1,7 +1,8 @@
 """Fused CPU kernels for the engine's step, compiled on first use and cached on disk.
 
-``ops.cpp`` is built with the machine's own vector unit (``-march=native``) into
-``$METRONOME_CACHE/kernels/<key>/``, where the key covers the source, the torch build and
+``ops.cpp`` and ``tiles.cpp`` (the dense layers on AMX tiles, where the CPU has them) are
+built with the machine's own vector unit (``-march=native``) into
+``$METRONOME_CACHE/kernels/<key>/``, where the key covers the sources, the torch build and
 the CPU, so a later start loads the built library in well under a second. Loading
 registers the ops under ``torch.ops.metronome``. ``python -m metronome_engine.kernels``
 builds them ahead of time (the Makefile's set-up does).
@@ -18,11 +19,11 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["KernelBuildError", "available", "load"]
+__all__ = ["KernelBuildError", "available", "load", "tiles_available"]
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("ops.cpp")
+_SOURCES = [Path(__file__).with_name(name) for name in ("ops.cpp", "tiles.cpp", "tiles.h")]
 _lock = threading.Lock()
 _state: dict[str, BaseException | bool] = {}
 
@@ -56,8 +57,10 @@ def build_dir() -> Path:
     from ..weights import cache_dir
 
     key = hashlib.sha256()
-    for part in (_SOURCE.read_bytes(), torch.__version__.encode(), _cpu_flags(), " ".join(_cflags())):
-        key.update(part.encode() if isinstance(part, str) else part)
+    parts: list[bytes] = [src.read_bytes() for src in _SOURCES]
+    parts += [torch.__version__.encode(), _cpu_flags().encode(), " ".join(_cflags()).encode()]
+    for part in parts:
+        key.update(part)
     return cache_dir() / "kernels" / key.hexdigest()[:16]
 
 
@@ -111,10 +114,16 @@ def _build_and_load() -> None:
     target.mkdir(parents=True, exist_ok=True)
     cpp_extension.load(
         name="metronome_kernels",
-        sources=[str(_SOURCE)],
+        sources=[str(src) for src in _SOURCES if src.suffix == ".cpp"],
         extra_cflags=_cflags(),
         extra_ldflags=["-fopenmp"],
         build_directory=str(target),
         is_python_module=False,
         verbose=False,
     )
+
+
+def tiles_available() -> bool:
+    """Whether the dense layers can run on the CPU's matrix tiles (AMX) here: the kernels
+    load, were built with them, and the OS lets this process use them. Never raises."""
+    return available() and bool(torch.ops.metronome.tiles_ready())

@@ -21,6 +21,8 @@
 #include <limits>
 #include <vector>
 
+#include "tiles.h"
+
 namespace {
 
 void check_f32(const at::Tensor& t, const char* name) {
@@ -590,9 +592,25 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   return out;
 }
 
+// A dense layer on either weight layout: float32 panels (scale and offset empty) or
+// GGUF blocks in tiles (uint8 or int8 q, see tiles.h).
+at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& offset,
+                  int64_t n, const std::optional<at::Tensor>& residual) {
+  if (w.scalar_type() == at::kByte || w.scalar_type() == at::kChar) {
+    return metronome::tile_linear(x, w, scale, offset.numel() > 0 ? std::optional<at::Tensor>(offset) : std::nullopt,
+                                  n, residual);
+  }
+  return packed_linear(x, w, n, residual);
+}
+
+bool tiles_ready() { return metronome::tiles_ready(); }
+
 // Every decoder layer of a step in one call: per layer, the nine kernels above with no
-// return to Python between them. weights: per layer, in order, input_norm, qkv (packed),
-// o_proj (packed), post_norm, gate_up (packed), down_proj (packed).
+// return to Python between them. weights: per layer, in order, input_norm, qkv, o_proj,
+// post_norm, gate_up, down_proj, each dense layer as three tensors (weight, scale,
+// offset: see linear).
+constexpr int64_t kLayerWeights = 14;
+
 at::Tensor decoder_layers(at::Tensor x, at::TensorList weights, const at::Tensor& k_cache, const at::Tensor& v_cache,
                           const at::Tensor& cos, const at::Tensor& sin, const std::optional<at::Tensor>& sink_cos,
                           const std::optional<at::Tensor>& sink_sin, const at::Tensor& slots,
@@ -603,26 +621,27 @@ at::Tensor decoder_layers(at::Tensor x, at::TensorList weights, const at::Tensor
   check_f32(v_cache, "v_cache");
   const int64_t layers = k_cache.size(0);
   TORCH_CHECK(k_cache.dim() == 4 && v_cache.sizes() == k_cache.sizes(), "the caches must be [layers, kvh, slots, hd]");
-  TORCH_CHECK(static_cast<int64_t>(weights.size()) == 6 * layers, "six weights per layer");
+  TORCH_CHECK(static_cast<int64_t>(weights.size()) == kLayerWeights * layers, "fourteen weights per layer");
   const int64_t hidden = x.size(1);
   const int64_t hd = k_cache.size(3);
   const int64_t qkv_width = (num_heads + 2 * k_cache.size(1)) * hd;
   const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
   const bool with_sinks = sink_cos.has_value();
   for (int64_t i = 0; i < layers; ++i) {
-    const at::Tensor* w = weights.data() + 6 * i;
+    const at::Tensor* w = weights.data() + kLayerWeights * i;
+    const at::Tensor *qkv = w + 1, *o_proj = w + 4, *gate_up = w + 8, *down = w + 11;
     at::Tensor kc = k_cache.select(0, i);
     at::Tensor vc = v_cache.select(0, i);
     at::Tensor h = rms_norm(x, w[0], eps);
-    auto [q, q_sink] =
-        rope_store(packed_linear(h, w[1], qkv_width, std::nullopt), cos, sin, sink_cos, sink_sin, slots, kc, vc,
-                   num_heads);
+    auto [q, q_sink] = rope_store(linear(h, qkv[0], qkv[1], qkv[2], qkv_width, std::nullopt), cos, sin, sink_cos,
+                                  sink_sin, slots, kc, vc, num_heads);
     at::Tensor attn = paged_attention(q, with_sinks ? std::optional<at::Tensor>(q_sink) : std::nullopt, kc, vc,
                                       query_start, positions, block_logical, block_physical, block_count, block_size,
                                       window, sinks, scale);
-    x = packed_linear(attn, w[2], hidden, x);
-    h = rms_norm(x, w[3], eps);
-    x = packed_linear(silu_mul(packed_linear(h, w[4], 2 * intermediate, std::nullopt)), w[5], hidden, x);
+    x = linear(attn, o_proj[0], o_proj[1], o_proj[2], hidden, x);
+    h = rms_norm(x, w[7], eps);
+    at::Tensor act = silu_mul(linear(h, gate_up[0], gate_up[1], gate_up[2], 2 * intermediate, std::nullopt));
+    x = linear(act, down[0], down[1], down[2], hidden, x);
   }
   return x;
 }
@@ -634,6 +653,10 @@ TORCH_LIBRARY(metronome, m) {
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
   m.def("greedy_rows(Tensor logits) -> (Tensor, Tensor)", &greedy_rows);
   m.def("packed_linear(Tensor x, Tensor weight, int n, Tensor? residual) -> Tensor", &packed_linear);
+  m.def("tiles_ready() -> bool", &tiles_ready);
+  m.def("tile_linear(Tensor x, Tensor q, Tensor scale, Tensor? offset, int n, Tensor? residual) -> Tensor",
+        &metronome::tile_linear);
+  m.def("linear(Tensor x, Tensor weight, Tensor scale, Tensor offset, int n, Tensor? residual) -> Tensor", &linear);
   m.def(
       "rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor? sink_cos, Tensor? sink_sin, Tensor slots, "
       "Tensor(a!) k_cache, Tensor(b!) v_cache, int num_heads) -> (Tensor, Tensor)",

@@ -16,7 +16,7 @@ from metronome_engine.weights import load_model, resolve_model_dir
 
 from .roofline import Roofline, decode_step_cost, measure_roofline
 
-__all__ = ["StepResult", "contexts_for", "run_step_bench"]
+__all__ = ["StepResult", "contexts_for", "run_step_bench", "weights_layout"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,8 +126,9 @@ def run_step_bench(
     kernels: Kernels = "auto",
     roofline: Roofline | None = None,
     on_progress: Callable[[str], None] | None = None,
-) -> tuple[Roofline, list[StepResult], str]:
-    """Each batch's medians, and the engine path that ran: ``"fused"`` or ``"torch"``."""
+) -> tuple[Roofline, list[StepResult], str, str]:
+    """Each batch's medians, and the engine path that ran: ``"fused"`` or ``"torch"``.
+    ``weights_layout`` says how the fused path held the dense weights."""
     roof = roofline or measure_roofline()
     weights = load_model(model)  # once: every batch's engine serves the same weights
     results = []
@@ -146,4 +147,12 @@ def run_step_bench(
         eng, hf = medians[0], (medians[1] if with_hf else None)
         flops, moved = decode_step_cost(weights.config, ctx)
         results.append(StepResult(batch, eng, hf, roof.floor_ms(flops, moved), min(ctx), max(ctx)))
-    return roof, results, "fused" if weights.packed else "torch"
+    return roof, results, "fused" if weights.packed else "torch", weights_layout(weights)
+
+
+def weights_layout(model: LlamaModel) -> str:
+    """``"tiles"`` (GGUF blocks on AMX tiles), ``"panels"`` (float32 panels, fused kernels)
+    or ``"float32"`` (as loaded, torch path)."""
+    if not model.packed:
+        return "float32"
+    return "tiles" if model.tiles else "panels"

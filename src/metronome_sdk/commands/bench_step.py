@@ -44,12 +44,13 @@ def _run(args: argparse.Namespace) -> int:
     def say(msg: str) -> None:
         print(f"[bench step] {msg}", file=sys.stderr, flush=True)
 
-    roof, results, kernels = run_step_bench(
+    roof, results, kernels, layout = run_step_bench(
         args.batch, model=args.model, steps=args.steps, with_hf=not args.no_hf, kernels=args.kernels, on_progress=say
     )
     report = {
         "batches": [r.as_dict() for r in results],
         "kernels": kernels,
+        "weights": layout,
         "gemm_gflops": roof.gemm_gflops,
         "copy_gbs": roof.copy_gbs,
         "machine": {
@@ -63,7 +64,7 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(
             f"roofline: fp32 GEMM {roof.gemm_gflops:.1f} GFLOP/s, copy {roof.copy_gbs:.1f} GB/s "
-            f"({torch.get_num_threads()} threads); engine kernels: {kernels}"
+            f"({torch.get_num_threads()} threads); engine kernels: {kernels}, weights: {layout}"
         )
         print_table(
             ["batch", "context", "engine ms", "HF ms", "floor ms", "engine/HF", "engine/floor"],

@@ -1,0 +1,157 @@
+"""The dense layers on AMX tiles (kernels/tiles.cpp) and the GGUF blocks they read (quant.py).
+
+The kernel is held to float64 products of the de-quantized weights; the engine on tiles to
+the torch path, and (test_smollm2.py) to HF transformers.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from metronome_engine import EngineCore, KVPolicy, StepRequest, kernels
+from metronome_engine.model import LlamaModel
+from metronome_engine.quant import QuantBlocks, pack_tiles, read_gguf_blocks, tile_rows
+
+from .tiny import VOCAB, tiny_hf, tiny_runner
+
+pytestmark = pytest.mark.skipif(
+    not kernels.tiles_available(), reason="this CPU (or OS) offers no AMX tiles; the engine packs float32 panels"
+)
+
+
+def random_blocks(n: int, k: int, *, q4: bool, seed: int = 0) -> QuantBlocks:
+    gen = torch.Generator().manual_seed(seed)
+    if q4:
+        q = torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int16)
+        offset = (torch.randn(n, k // 32, generator=gen) * 0.15).half().float()
+        scale = (torch.rand(n, k // 32, generator=gen) * 0.02 + 1e-3).half().float()
+        return QuantBlocks(q, scale, offset)
+    q = torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int16)
+    return QuantBlocks(q, (torch.rand(n, k // 32, generator=gen) * 0.003 + 1e-4).half().float(), None)
+
+
+@pytest.mark.parametrize("q4", [True, False])
+@pytest.mark.parametrize("n, k", [(64, 64), (40, 96), (1000, 576), (48, 1536)])
+def test_tile_linear_matches_the_dequantized_product(q4: bool, n: int, k: int) -> None:
+    blocks = random_blocks(n, k, q4=q4)
+    weight = blocks.dequantize().double()
+    q, scale, offset = pack_tiles(blocks)
+    for rows in (1, 5, 16, 17, 32, 33, 70):  # one tile, two, and more row groups, with remainders
+        x, residual = torch.randn(rows, k), torch.randn(rows, n)
+        out = torch.ops.metronome.tile_linear(x, q, scale, offset if q4 else None, n, residual)
+        ref = x.double() @ weight.t() + residual.double()
+        # three bfloat16 parts carry x exactly; only float32 sums round
+        assert float((out.double() - ref).abs().max() / ref.abs().max()) < 2e-6, (rows, n, k)
+
+
+@pytest.mark.parametrize("q4", [True, False])
+def test_tile_rows_are_the_dequantized_rows_bit_for_bit(q4: bool) -> None:
+    blocks = random_blocks(50, 96, q4=q4)
+    ids = torch.tensor([0, 15, 16, 17, 31, 49, 3])
+    assert torch.equal(tile_rows(*pack_tiles(blocks), ids), blocks.dequantize()[ids])
+
+
+def test_a_nan_row_stays_in_its_row() -> None:
+    blocks = random_blocks(48, 64, q4=True)
+    q, scale, offset = pack_tiles(blocks)
+    x = torch.randn(20, 64)
+    x[3, 7] = float("nan")
+    out = torch.ops.metronome.tile_linear(x, q, scale, offset, 48, None)
+    assert out[3].isnan().all()
+    assert out[torch.arange(20) != 3].isfinite().all()
+
+
+def test_tile_linear_refuses_mismatched_input() -> None:
+    q, scale, offset = pack_tiles(random_blocks(32, 64, q4=True))
+    with pytest.raises(RuntimeError, match="columns"):
+        torch.ops.metronome.tile_linear(torch.randn(2, 96), q, scale, offset, 32, None)
+    with pytest.raises(RuntimeError, match="n does not match"):
+        torch.ops.metronome.tile_linear(torch.randn(2, 64), q, scale, offset, 64, None)
+    with pytest.raises(RuntimeError, match="offset"):
+        torch.ops.metronome.tile_linear(torch.randn(2, 64), q, scale, None, 32, None)
+    with pytest.raises(RuntimeError, match="residual"):
+        torch.ops.metronome.tile_linear(torch.randn(2, 64), q, scale, offset, 32, torch.randn(3, 32))
+
+
+def test_pack_tiles_refuses_blocks_it_cannot_hold() -> None:
+    with pytest.raises(ValueError, match="divisible by 32"):
+        pack_tiles(QuantBlocks(torch.zeros(16, 40, dtype=torch.int16), torch.ones(16, 1), None))
+    with pytest.raises(ValueError, match=r"0\.\.15"):
+        pack_tiles(QuantBlocks(torch.full((16, 32), 16, dtype=torch.int16), torch.ones(16, 1), torch.zeros(16, 1)))
+
+
+def _block_model(seed: int = 0) -> tuple[LlamaModel, dict[str, QuantBlocks]]:
+    """The tiny model with every dense weight exactly a set of GGUF blocks (the embedding
+    8-bit, the rest 4-bit), and those blocks as its block source."""
+    hf = tiny_hf(seed)
+    state = hf.state_dict()
+    blocks = {}
+    for i, (name, weight) in enumerate(state.items()):
+        if weight.dim() == 2 and name != "lm_head.weight":
+            blocks[name] = random_blocks(*weight.shape, q4=name != "model.embed_tokens.weight", seed=i)
+            state[name] = blocks[name].dequantize()
+    model = tiny_runner(hf)
+    model.load_hf_state_dict(state)
+    model.block_source = lambda: blocks
+    return model, blocks
+
+
+@pytest.mark.parametrize("policy", [KVPolicy.full(), KVPolicy.windowed(12, sinks=4)])
+def test_an_engine_on_tiles_equals_the_torch_engine(policy: KVPolicy) -> None:
+    steps = [[9, 1, 17], [1, 1, 1], [5, 1, 2]] * 6
+    logits = {}
+    for path in ("torch", "fused"):
+        model, _ = _block_model()
+        engine = EngineCore(model, policy=policy, num_blocks=96, block_size=4, kernels=path)
+        assert model.tiles == (path == "fused")
+        seqs = [engine.add_sequence() for _ in range(3)]
+        gen = torch.Generator().manual_seed(4)
+        rows = []
+        for sizes in steps:
+            reqs = [
+                StepRequest(s, torch.randint(0, VOCAB, (n,), generator=gen).tolist(), all_logits=True)
+                for s, n in zip(seqs, sizes, strict=True)
+            ]
+            for out in engine.step(reqs):
+                assert out.logits is not None
+                rows.append(out.logits)
+        logits[path] = torch.cat(rows)
+    ref = logits["torch"]
+    assert float((logits["fused"] - ref).abs().max() / ref.abs().max()) < 1e-4
+
+
+def test_blocks_that_differ_from_the_weights_leave_float32_panels(caplog: pytest.LogCaptureFixture) -> None:
+    model, blocks = _block_model()
+    name = "model.layers.1.mlp.down_proj.weight"
+    b = blocks[name]
+    blocks[name] = QuantBlocks(b.q, b.scale * 2, b.offset)  # not the weights the model holds
+    with caplog.at_level(logging.WARNING, logger="metronome_engine.model"):
+        model.pack_weights()
+    assert model.packed and not model.tiles
+    assert "differ from the loaded weights" in caplog.text
+    assert model._layers()[0].qkv.dtype == torch.float32
+
+
+def test_pack_weights_can_be_told_to_keep_float32_panels() -> None:
+    model, _ = _block_model()
+    model.pack_weights(tiles=False)
+    assert model.packed and not model.tiles
+
+
+@pytest.mark.real_model
+def test_smollm2_gguf_blocks_are_its_loaded_weights_bit_for_bit() -> None:
+    from safetensors.torch import load_file
+
+    from metronome_engine.weights import DEFAULT_MODEL, load_model, resolve_model_dir, smollm2_gguf_path
+
+    model = load_model(DEFAULT_MODEL)
+    blocks = read_gguf_blocks(smollm2_gguf_path(), model.config)
+    state = load_file(str(resolve_model_dir(DEFAULT_MODEL) / "model.safetensors"))
+    assert set(blocks) == {n for n, t in state.items() if t.dim() == 2}  # every dense weight, tied head once
+    for name, b in blocks.items():
+        assert torch.equal(b.dequantize(), state[name]), name
+    model.pack_weights()
+    assert model.tiles
