@@ -91,7 +91,7 @@ class LlamaModel(nn.Module):
 
         With ``tiles`` (the default), where the CPU has AMX tiles and the model came from a
         GGUF file whose blocks reproduce its float32 weights exactly, each weight becomes its
-        blocks in tiles (``quant.pack_tiles``: about half the bytes). Otherwise, float32
+        blocks in tiles (``quant.pack_tiles``: a fifth of the bytes). Otherwise, float32
         panels ``[ceil(N / 32), K, 32]`` for a ``[K, N]`` weight."""
         if self.packed:
             return

@@ -33,7 +33,7 @@ TILE_COLS = 16  # output columns per tile (kCols in kernels/tiles.cpp)
 class QuantBlocks:
     """One weight ``[N, K]`` as blocks: ``scale * q + offset`` per 32 k of a row."""
 
-    q: Tensor  # int16 [N, K]
+    q: Tensor  # integers [N, K] (int8 as read from GGUF)
     scale: Tensor  # float32 [N, K // 32]
     offset: Tensor | None  # float32 [N, K // 32]; None for Q8_0
 
@@ -78,7 +78,7 @@ def pack_tiles(blocks: QuantBlocks) -> tuple[Tensor, Tensor, Tensor]:
     def rows(t: Tensor) -> Tensor:
         return torch.cat([t, t.new_zeros(pad, t.shape[1])]) if pad else t
 
-    lanes = rows(blocks.q).view(panels, TILE_COLS, nb, 16, 2).permute(0, 2, 3, 1, 4)
+    lanes = rows(blocks.q.to(torch.int16)).view(panels, TILE_COLS, nb, 16, 2).permute(0, 2, 3, 1, 4)
     lanes = lanes.reshape(panels, nb, 16, 2 * TILE_COLS)
     if q4:
         q = (lanes[..., :16] | (lanes[..., 16:] << 4)).to(torch.uint8).contiguous()
@@ -220,12 +220,12 @@ def _decode(raw: np.ndarray, kind: str) -> QuantBlocks:
         d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
         m = blocks[..., 2:4].copy().view(np.float16)[..., 0]
         qs = blocks[..., 4:]
-        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int16)
+        q = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).astype(np.int8)
         offset: Tensor | None = torch.from_numpy(m.astype(np.float32))
     else:  # Q8_0 per block: f16 d, 32 int8
         blocks = raw.reshape(n, -1, 34)
         d = blocks[..., 0:2].copy().view(np.float16)[..., 0]
-        q = blocks[..., 2:].copy().view(np.int8).astype(np.int16)
+        q = blocks[..., 2:].copy().view(np.int8)
         offset = None
     return QuantBlocks(torch.from_numpy(q.reshape(n, -1)), torch.from_numpy(d.astype(np.float32)), offset)
 

@@ -19,7 +19,7 @@ from metronome_engine import EngineCore, KVPolicy, ModelConfig, StepRequest, ker
 from metronome_engine.engine import resolve_kernels
 from metronome_engine.model import LlamaModel, apply_rope, pack_panels, rope_cos_sin
 
-from .tiny import VOCAB, tiny_engine
+from .tiny import VOCAB, scripted_logits, tiny_engine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -257,22 +257,10 @@ def _smollm2_shaped(seed: int) -> LlamaModel:
 
 @pytest.mark.parametrize("policy", [KVPolicy.full(), KVPolicy.windowed(12, sinks=4)])
 def test_fused_engine_equals_the_torch_engine_on_smollm2s_head_layout(policy: KVPolicy) -> None:
-    steps = [[9, 1, 17], [1, 1, 1], [5, 1, 2]] * 6
     logits = {}
     for path in ("torch", "fused"):
         engine = EngineCore(_smollm2_shaped(3), policy=policy, num_blocks=96, block_size=16, kernels=path)
-        seqs = [engine.add_sequence() for _ in range(3)]
-        gen = torch.Generator().manual_seed(4)
-        rows = []
-        for sizes in steps:
-            reqs = [
-                StepRequest(s, torch.randint(0, VOCAB, (n,), generator=gen).tolist(), all_logits=True)
-                for s, n in zip(seqs, sizes, strict=True)
-            ]
-            for out in engine.step(reqs):
-                assert out.logits is not None
-                rows.append(out.logits)
-        logits[path] = torch.cat(rows)
+        logits[path] = scripted_logits(engine)
     ref = logits["torch"]
     assert float((logits["fused"] - ref).abs().max() / ref.abs().max()) < 1e-4
 

@@ -11,11 +11,11 @@ import logging
 import pytest
 import torch
 
-from metronome_engine import EngineCore, KVPolicy, StepRequest, kernels
+from metronome_engine import EngineCore, KVPolicy, kernels
 from metronome_engine.model import LlamaModel
 from metronome_engine.quant import QuantBlocks, pack_tiles, read_gguf_blocks, tile_rows
 
-from .tiny import VOCAB, tiny_hf, tiny_runner
+from .tiny import scripted_logits, tiny_hf, tiny_runner
 
 pytestmark = pytest.mark.skipif(
     not kernels.tiles_available(), reason="this CPU (or OS) offers no AMX tiles; the engine packs float32 panels"
@@ -101,24 +101,12 @@ def _block_model(seed: int = 0) -> tuple[LlamaModel, dict[str, QuantBlocks]]:
 
 @pytest.mark.parametrize("policy", [KVPolicy.full(), KVPolicy.windowed(12, sinks=4)])
 def test_an_engine_on_tiles_equals_the_torch_engine(policy: KVPolicy) -> None:
-    steps = [[9, 1, 17], [1, 1, 1], [5, 1, 2]] * 6
     logits = {}
     for path in ("torch", "fused"):
         model, _ = _block_model()
         engine = EngineCore(model, policy=policy, num_blocks=96, block_size=4, kernels=path)
         assert model.tiles == (path == "fused")
-        seqs = [engine.add_sequence() for _ in range(3)]
-        gen = torch.Generator().manual_seed(4)
-        rows = []
-        for sizes in steps:
-            reqs = [
-                StepRequest(s, torch.randint(0, VOCAB, (n,), generator=gen).tolist(), all_logits=True)
-                for s, n in zip(seqs, sizes, strict=True)
-            ]
-            for out in engine.step(reqs):
-                assert out.logits is not None
-                rows.append(out.logits)
-        logits[path] = torch.cat(rows)
+        logits[path] = scripted_logits(engine)
     ref = logits["torch"]
     assert float((logits["fused"] - ref).abs().max() / ref.abs().max()) < 1e-4
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
-from metronome_engine import EngineCore, KVPolicy, ModelConfig
+from metronome_engine import EngineCore, KVPolicy, ModelConfig, StepRequest
 from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
 
@@ -44,3 +44,21 @@ def tiny_engine(
     return EngineCore(
         tiny_runner(tiny_hf(seed)), policy=policy, num_blocks=num_blocks, block_size=block_size, kernels=kernels
     )
+
+
+def scripted_logits(engine: EngineCore, seed: int = 4) -> torch.Tensor:
+    """Every logit row of three sessions through 18 steps of mixed prefill chunks and
+    decodes (random tokens, ``seed``): what two engines on the same weights must agree on."""
+    steps = [[9, 1, 17], [1, 1, 1], [5, 1, 2]] * 6
+    seqs = [engine.add_sequence() for _ in range(3)]
+    gen = torch.Generator().manual_seed(seed)
+    rows = []
+    for sizes in steps:
+        reqs = [
+            StepRequest(s, torch.randint(0, VOCAB, (n,), generator=gen).tolist(), all_logits=True)
+            for s, n in zip(seqs, sizes, strict=True)
+        ]
+        for out in engine.step(reqs):
+            assert out.logits is not None
+            rows.append(out.logits)
+    return torch.cat(rows)
