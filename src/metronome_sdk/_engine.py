@@ -246,7 +246,7 @@ class Engine:
                 num_blocks=pool.get("num_blocks"),
                 memory_bytes=pool.get("memory_bytes"),
                 block_size=cfg.block_size,
-                kernels=cfg.kernels,
+                kernels=path,  # resolved above: the engine need not resolve "auto" again
             )
         if self._tokenizer is None:
             self._tokenizer = _shared_tokenizer(cfg.model)
