@@ -233,7 +233,7 @@ class LlamaModel(nn.Module):
             for norm, linears in ((layer.input_norm, ("qkv", "o_proj")), (layer.post_norm, ("gate_up", "down_proj"))):
                 out.append(norm)
                 for name in linears:
-                    out.extend(layer.packed_linear(name))
+                    out.extend(layer.packed(name))
         return out
 
     def _layers(self) -> list[_Layer]:
@@ -310,7 +310,9 @@ class _Layer(nn.Module):
         setattr(self, name, nn.Parameter(weight, requires_grad=False))
         self.scales[name] = (scale, offset)
 
-    def packed_linear(self, name: str) -> tuple[Tensor, Tensor, Tensor]:
+    def packed(self, name: str) -> tuple[Tensor, Tensor, Tensor]:
+        """(weight, scale, offset) of a packed dense layer, as the ``linear`` kernel takes
+        them, whichever layout it holds."""
         scale, offset = self.scales[name]
         return getattr(self, name), scale, offset
 
