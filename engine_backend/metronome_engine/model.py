@@ -84,6 +84,9 @@ class LlamaModel(nn.Module):
         # the weights as GGUF blocks, where the loader read them from a GGUF file
         self.block_source: Callable[[], Mapping[str, QuantBlocks]] | None = None
         self.head_scale = self.head_offset = torch.empty(0)
+        # every layer's packed weights in decoder_layers' order, listed once by pack_weights:
+        # listing them walks 30 modules, about 0.4 ms, too much to repeat every step
+        self.fused_weights: list[Tensor] = []
 
     def pack_weights(self, *, tiles: bool = True) -> None:
         """Put the dense weights, in place, into the layout the fused kernels read. No copy
@@ -112,6 +115,7 @@ class LlamaModel(nn.Module):
                 self.embed = nn.Parameter(head, requires_grad=False)  # rows read from the head
             self.lm_head = nn.Parameter(head, requires_grad=False)
         self.packed, self.tiles = True, blocks is not None
+        self.fused_weights = self._list_fused_weights()
 
     def _exact_blocks(self) -> dict[str, QuantBlocks] | None:
         """Each dense layer's GGUF blocks, fused as the model fuses them, if the tiles can
@@ -202,7 +206,7 @@ class LlamaModel(nn.Module):
             sink_cos, sink_sin = rope_cos_sin(self.inv_freq, tokens.sink_positions)
         x = torch.ops.metronome.decoder_layers(
             self._embed(input_ids),
-            self._fused_weights(),
+            self.fused_weights,
             cache.k,
             cache.v,
             cos,
@@ -225,7 +229,7 @@ class LlamaModel(nn.Module):
         x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
         return cast(Tensor, torch.ops.metronome.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
 
-    def _fused_weights(self) -> list[Tensor]:
+    def _list_fused_weights(self) -> list[Tensor]:
         # per layer, as kernels/ops.cpp's decoder_layers reads them: a norm, two dense
         # layers, a norm, two dense layers, each dense layer as (weight, scale, offset)
         out: list[Tensor] = []
