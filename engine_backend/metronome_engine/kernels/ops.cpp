@@ -421,7 +421,10 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
       s = lane < static_cast<float>(m) ? s : vsplat(-std::numeric_limits<float>::infinity());
       const float m_old = st.max[g];
       const float m_new = std::max(m_old, vmax(s));
-      const float corr = m_old == -std::numeric_limits<float>::infinity() ? 0.f : fast_exp(m_old - m_new);
+      // the running max rarely moves after the first keys: skip the exp when it stays
+      const float corr = m_old == m_new                                   ? 1.f
+                         : m_old == -std::numeric_limits<float>::infinity() ? 0.f
+                                                                            : fast_exp(m_old - m_new);
       vf p = vexp(s - m_new);
       p = lane < static_cast<float>(m) ? p : vsplat(0.f);
       st.max[g] = m_new;
@@ -429,12 +432,21 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
       alignas(64) float weights[kLanes];  // read back one by one: a vector store forwards to scalar loads
       std::memcpy(weights, &p, sizeof(weights));
       float* accp = st.acc + g * HD;
-      vf acc[NV];
-      for (int c = 0; c < NV; ++c) acc[c] = vload(accp + c * kLanes) * corr;
-      for (int64_t j = 0; j < m; ++j) {
-        const float pj = weights[j];
-        for (int c = 0; c < NV; ++c) acc[c] += pj * vload(vr + j * HD + c * kLanes);
+      // two sums, even and odd keys, halve the chain of dependent adds
+      vf acc[NV], odd[NV];
+      for (int c = 0; c < NV; ++c) acc[c] = vload(accp + c * kLanes) * corr, odd[c] = vsplat(0.f);
+      int64_t j = 0;
+      for (; j + 1 < m; j += 2) {
+        const float p0 = weights[j], p1 = weights[j + 1];
+        for (int c = 0; c < NV; ++c) {
+          acc[c] += p0 * vload(vr + j * HD + c * kLanes);
+          odd[c] += p1 * vload(vr + (j + 1) * HD + c * kLanes);
+        }
       }
+      if (j < m) {
+        for (int c = 0; c < NV; ++c) acc[c] += weights[j] * vload(vr + j * HD + c * kLanes);
+      }
+      for (int c = 0; c < NV; ++c) acc[c] += odd[c];
       std::memcpy(accp, acc, sizeof(acc));
     }
   }
