@@ -250,31 +250,33 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   auto out = at::empty({M, n}, x.options());
   if (M == 0) return out;
   const float* xp = x.data_ptr<float>();
-  std::vector<uint16_t> parts(3 * M * K);
-  split_bf16(xp, M * K, parts.data(), parts.data() + M * K, parts.data() + 2 * M * K);
-  std::vector<float> sums;  // the offset multiplies each block's plain sum of x
-  if (offset.has_value()) {
-    sums.resize(M * nb);
-    for (int64_t r = 0; r < M; ++r) {
-      for (int64_t b = 0; b < nb; ++b) {
-        const float* xb = xp + r * K + b * kBlock;
-        sums[r * nb + b] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xb), _mm512_loadu_ps(xb + 16)));
-      }
-    }
-  }
-  const TileArgs args{parts.data(),
-                      sums.data(),
-                      reinterpret_cast<const uint8_t*>(q.data_ptr()),
-                      scale.data_ptr<float>(),
-                      offset.has_value() ? offset->data_ptr<float>() : nullptr,
-                      M,
-                      K,
-                      nb,
-                      q.size(2) * q.size(3),
-                      q4};
   float* outp = out.data_ptr<float>();
   const int64_t pairs = (P + 1) / 2;
   at::parallel_for(0, pairs, 1, [&](int64_t lo, int64_t hi) {
+    // every thread splits all of x for itself: it reads each part once per pass, and a
+    // copy in its own core's cache beats one fetched from the core that split it
+    std::vector<uint16_t> parts(3 * M * K);
+    split_bf16(xp, M * K, parts.data(), parts.data() + M * K, parts.data() + 2 * M * K);
+    std::vector<float> sums;  // the offset multiplies each block's plain sum of x
+    if (offset.has_value()) {
+      sums.resize(M * nb);
+      for (int64_t r = 0; r < M; ++r) {
+        for (int64_t b = 0; b < nb; ++b) {
+          const float* xb = xp + r * K + b * kBlock;
+          sums[r * nb + b] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_loadu_ps(xb), _mm512_loadu_ps(xb + 16)));
+        }
+      }
+    }
+    const TileArgs args{parts.data(),
+                        sums.data(),
+                        reinterpret_cast<const uint8_t*>(q.data_ptr()),
+                        scale.data_ptr<float>(),
+                        offset.has_value() ? offset->data_ptr<float>() : nullptr,
+                        M,
+                        K,
+                        nb,
+                        q.size(2) * q.size(3),
+                        q4};
     alignas(64) float acc[2][2 * kRowsPerTile * kCols];
     const int64_t p_end = std::min(P, 2 * hi);
     for (int64_t g0 = 0; g0 < M; g0 += 2 * kRowsPerTile) {
