@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from metronome_engine import ModelConfig
-from metronome_sdk.bench.roofline import Roofline, decode_step_cost
+from metronome_sdk.bench.roofline import Roofline, RooflineProbe, decode_step_cost, measure_roofline
 from metronome_sdk.bench.step import contexts_for, interleaved_medians
 
 
@@ -24,6 +24,15 @@ def test_contexts_spread_over_the_range_the_same_for_both_engines() -> None:
     ctx = contexts_for(32)
     assert len(ctx) == 32 and min(ctx) == 128 and max(ctx) < 272
     assert ctx == sorted(ctx) and contexts_for(1) == [128]
+
+
+def test_the_probe_turns_its_two_times_into_the_roofline_rates() -> None:
+    probe = RooflineProbe()
+    roof = probe.roofline(gemm_s=0.5, copy_s=0.25)
+    assert roof.gemm_gflops == pytest.approx(2 * 2048**3 / 0.5 / 1e9)
+    assert roof.copy_gbs == pytest.approx(2 * 256 * 2**20 / 0.25 / 1e9)  # read + write of 256 MB
+    peak = measure_roofline(repeats=1, probe=probe)
+    assert peak.gemm_gflops > 0 and peak.copy_gbs > 0
 
 
 def test_decode_cost_counts_every_weight_once_and_each_sessions_kv() -> None:
@@ -57,6 +66,9 @@ def test_bench_step_json_beside_hf_and_the_floor() -> None:
         assert b["engine_ms"] > 0 and b["hf_ms"] > 0 and b["floor_ms"] > 0
         assert b["engine_vs_hf"] == pytest.approx(b["engine_ms"] / b["hf_ms"])
         assert b["engine_vs_floor"] == pytest.approx(b["engine_ms"] / b["floor_ms"])
+        # the floor measured in turn with the steps, and the peak measured before
+        assert b["floor_peak_ms"] > 0 and b["gemm_gflops"] > 0 and b["copy_gbs"] > 0
+        assert b["engine_vs_floor_peak"] == pytest.approx(b["engine_ms"] / b["floor_peak_ms"])
     assert report["gemm_gflops"] > 0 and report["copy_gbs"] > 0
     assert report["kernels"] == "fused"  # they build on this machine kind: the default takes them
     assert report["weights"] in ("tiles", "panels")  # tiles where the CPU has AMX (this machine kind does)

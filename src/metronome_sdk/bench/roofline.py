@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from metronome_engine import ModelConfig
 
-__all__ = ["Roofline", "measure_roofline", "decode_step_cost"]
+__all__ = ["Roofline", "RooflineProbe", "measure_roofline", "decode_step_cost"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -22,8 +23,34 @@ class Roofline:
         return max(flops / (self.gemm_gflops * 1e9), bytes_moved / (self.copy_gbs * 1e9)) * 1e3
 
 
-def _best_of(fn: object, repeats: int) -> float:
-    assert callable(fn)
+class RooflineProbe:
+    """The two measurements behind a roofline: an fp32 2048^3 ``mm`` and a 256 MB copy.
+
+    ``gemm`` and ``copy`` are steppers, so a benchmark can take them in turn with the
+    engines' steps and meet the same load; ``roofline`` turns their times into rates.
+    """
+
+    N = 2048
+
+    def __init__(self) -> None:
+        self._a, self._b = torch.randn(self.N, self.N), torch.randn(self.N, self.N)
+        self._src = torch.ones(64 * 1024 * 1024)  # 256 MB of fp32
+        self._dst = torch.empty_like(self._src)
+
+    def gemm(self) -> None:
+        torch.mm(self._a, self._b)
+
+    def copy(self) -> None:
+        self._dst.copy_(self._src)
+
+    def roofline(self, gemm_s: float, copy_s: float) -> Roofline:
+        return Roofline(
+            gemm_gflops=2 * self.N**3 / gemm_s / 1e9,
+            copy_gbs=2 * self._src.numel() * 4 / copy_s / 1e9,  # read + write
+        )
+
+
+def _best_of(fn: Callable[[], None], repeats: int) -> float:
     fn()
     best = float("inf")
     for _ in range(repeats):
@@ -33,14 +60,10 @@ def _best_of(fn: object, repeats: int) -> float:
     return best
 
 
-def measure_roofline(repeats: int = 5) -> Roofline:
-    n = 2048
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    gemm_s = _best_of(lambda: torch.mm(a, b), repeats)
-    src = torch.ones(64 * 1024 * 1024)  # 256 MB of fp32
-    dst = torch.empty_like(src)
-    copy_s = _best_of(lambda: dst.copy_(src), repeats)
-    return Roofline(gemm_gflops=2 * n**3 / gemm_s / 1e9, copy_gbs=2 * src.numel() * 4 / copy_s / 1e9)
+def measure_roofline(repeats: int = 5, probe: RooflineProbe | None = None) -> Roofline:
+    """The machine's peak: the best of ``repeats`` runs of each measurement."""
+    probe = probe or RooflineProbe()
+    return probe.roofline(_best_of(probe.gemm, repeats), _best_of(probe.copy, repeats))
 
 
 def decode_step_cost(config: ModelConfig, contexts: list[int]) -> tuple[float, float]:

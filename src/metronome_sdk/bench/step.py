@@ -14,24 +14,32 @@ from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
 from metronome_engine.weights import load_model, resolve_model_dir
 
-from .roofline import Roofline, decode_step_cost, measure_roofline
+from .roofline import Roofline, RooflineProbe, decode_step_cost, measure_roofline
 
 __all__ = ["StepResult", "contexts_for", "run_step_bench", "weights_layout"]
 
 
 @dataclass(frozen=True, slots=True)
 class StepResult:
+    """One batch size's medians. ``floor_ms`` is the roofline measured in turn with the
+    steps (the same load as ``engine_ms`` met); ``floor_peak_ms`` the machine's best,
+    measured once before (see ``run_step_bench``)."""
+
     batch: int
     engine_ms: float
     hf_ms: float | None
     floor_ms: float
     context_min: int
     context_max: int
+    floor_peak_ms: float
+    gemm_gflops: float  # the in-turn roofline's rates
+    copy_gbs: float
 
     def as_dict(self) -> dict[str, float | int | None]:
         d = asdict(self)
         d["engine_vs_hf"] = self.engine_ms / self.hf_ms if self.hf_ms else None
         d["engine_vs_floor"] = self.engine_ms / self.floor_ms
+        d["engine_vs_floor_peak"] = self.engine_ms / self.floor_peak_ms
         return d
 
 
@@ -127,9 +135,15 @@ def run_step_bench(
     roofline: Roofline | None = None,
     on_progress: Callable[[str], None] | None = None,
 ) -> tuple[Roofline, list[StepResult], str, str]:
-    """Each batch's medians, and the engine path that ran: ``"fused"`` or ``"torch"``.
-    ``weights_layout`` says how the fused path held the dense weights."""
-    roof = roofline or measure_roofline()
+    """Each batch's medians; the machine's peak roofline; and the engine path that ran
+    (``"fused"`` or ``"torch"``) with its weights' layout (``weights_layout``).
+
+    The floor is measured twice. Once before, as the best of five runs: the machine's
+    peak. And once per batch, its two probes taken in turn with the engines' steps, as
+    a median: on a shared machine the load swings 20-50% within a run, and the engines'
+    medians meet that load, so the floor they are held to should meet it too."""
+    probe = RooflineProbe()
+    peak = roofline or measure_roofline(probe=probe)
     weights = load_model(model)  # once: every batch's engine serves the same weights
     results = []
     for batch in batches:
@@ -141,13 +155,27 @@ def run_step_bench(
             if on_progress:
                 on_progress(f"batch {batch}: HF transformers")
             steppers.append(hf_stepper(model, ctx))
+        steppers += [probe.gemm, probe.copy]
         if on_progress:
-            on_progress(f"batch {batch}: {steps} steps of each, in turn")
+            on_progress(f"batch {batch}: {steps} steps of each, and of the roofline's probes, in turn")
         medians = interleaved_medians(steppers, steps)
         eng, hf = medians[0], (medians[1] if with_hf else None)
+        in_turn = probe.roofline(medians[-2] / 1e3, medians[-1] / 1e3)
         flops, moved = decode_step_cost(weights.config, ctx)
-        results.append(StepResult(batch, eng, hf, roof.floor_ms(flops, moved), min(ctx), max(ctx)))
-    return roof, results, "fused" if weights.packed else "torch", weights_layout(weights)
+        results.append(
+            StepResult(
+                batch,
+                eng,
+                hf,
+                in_turn.floor_ms(flops, moved),
+                min(ctx),
+                max(ctx),
+                peak.floor_ms(flops, moved),
+                in_turn.gemm_gflops,
+                in_turn.copy_gbs,
+            )
+        )
+    return peak, results, "fused" if weights.packed else "torch", weights_layout(weights)
 
 
 def weights_layout(model: LlamaModel) -> str:
