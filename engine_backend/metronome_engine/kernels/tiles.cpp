@@ -255,8 +255,11 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   at::parallel_for(0, pairs, 1, [&](int64_t lo, int64_t hi) {
     // every thread splits all of x for itself: it reads each part once per pass, and a
     // copy in its own core's cache beats one fetched from the core that split it
-    // aligned to a cache line, so that each 64-byte row of a tile is one line, not two
-    std::vector<uint16_t> parts_store(3 * M * K + 32);
+    // aligned to a cache line, so that each 64-byte row of a tile is one line, not two;
+    // kept per thread between calls (it grows to the largest x seen), so that a call
+    // neither allocates nor zeroes it
+    thread_local std::vector<uint16_t> parts_store;
+    if (parts_store.size() < static_cast<size_t>(3 * M * K + 32)) parts_store.resize(3 * M * K + 32);
     uint16_t* parts = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(parts_store.data()) + 63) & ~uintptr_t{63});
     split_bf16(xp, M * K, parts, parts + M * K, parts + 2 * M * K);
     std::vector<float> sums;  // the offset multiplies each block's plain sum of x
