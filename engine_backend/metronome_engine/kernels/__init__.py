@@ -23,7 +23,7 @@ __all__ = ["KernelBuildError", "available", "load", "tiles_available"]
 
 log = logging.getLogger(__name__)
 
-_SOURCES = [Path(__file__).with_name(name) for name in ("ops.cpp", "tiles.cpp", "tiles.h")]
+_SOURCES = [Path(__file__).with_name(name) for name in ("ops.cpp", "tiles.cpp", "tiles.h", "checks.h")]
 _lock = threading.Lock()
 _state: dict[str, BaseException | bool] = {}
 

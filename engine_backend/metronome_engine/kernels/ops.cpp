@@ -21,20 +21,13 @@
 #include <limits>
 #include <vector>
 
+#include "checks.h"
 #include "tiles.h"
 
 namespace {
 
-void check_f32(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu(), name, " must be on the CPU");
-  TORCH_CHECK(t.scalar_type() == at::kFloat, name, " must be float32");
-  TORCH_CHECK(t.is_contiguous(), name, " must be contiguous");
-}
-
-void check_i64(const at::Tensor& t, const char* name) {
-  TORCH_CHECK(t.device().is_cpu() && t.scalar_type() == at::kLong && t.is_contiguous(), name,
-              " must be a contiguous int64 CPU tensor");
-}
+using metronome::check_f32;
+using metronome::check_i64;
 
 // 16 floats: GCC lowers these to the widest vector unit there is (one AVX-512
 // register, two AVX2 ones, four NEON ones). aligned(4): loads from any float address.

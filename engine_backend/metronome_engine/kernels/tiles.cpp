@@ -18,6 +18,8 @@
 
 #include "tiles.h"
 
+#include "checks.h"
+
 #include <ATen/Parallel.h>
 
 #include <algorithm>
@@ -226,8 +228,8 @@ bool tiles_ready() {
 at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tensor& scale,
                        const std::optional<at::Tensor>& offset, int64_t n, const std::optional<at::Tensor>& residual) {
   TORCH_CHECK(tiles_ready(), "this process cannot use the CPU's matrix tiles (AMX)");
-  TORCH_CHECK(x.device().is_cpu() && x.scalar_type() == at::kFloat && x.is_contiguous() && x.dim() == 2,
-              "x must be a contiguous float32 [M, K] CPU tensor");
+  check_f32(x, "x");
+  TORCH_CHECK(x.dim() == 2, "x must be [M, K]");
   const bool q4 = q.scalar_type() == at::kByte;
   TORCH_CHECK((q4 || q.scalar_type() == at::kChar) && q.is_contiguous() && q.dim() == 4 && q.size(2) == 16 &&
                   q.size(3) == (q4 ? 16 : 32),
@@ -237,15 +239,14 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   TORCH_CHECK(K == nb * kBlock, "x has ", K, " columns, the tiles cover ", nb * kBlock);
   TORCH_CHECK(n > (P - 1) * kCols && n <= P * kCols, "n does not match the tiles' columns");
   for (const at::Tensor* t : {&scale, offset.has_value() ? &*offset : &scale}) {
-    TORCH_CHECK(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 3 && t->size(0) == P &&
-                    t->size(1) == nb && t->size(2) == kCols,
-                "scale and offset must be contiguous float32 [P, K / 32, 16]");
+    check_f32(*t, "scale and offset");
+    TORCH_CHECK(t->dim() == 3 && t->size(0) == P && t->size(1) == nb && t->size(2) == kCols,
+                "scale and offset must be [P, K / 32, 16]");
   }
   const float* rp = nullptr;
   if (residual.has_value()) {
-    TORCH_CHECK(residual->scalar_type() == at::kFloat && residual->is_contiguous() && residual->dim() == 2 &&
-                    residual->size(0) == M && residual->size(1) == n,
-                "residual must be a contiguous float32 [M, N]");
+    check_f32(*residual, "residual");
+    TORCH_CHECK(residual->dim() == 2 && residual->size(0) == M && residual->size(1) == n, "residual must be [M, N]");
     rp = residual->data_ptr<float>();
   }
   auto out = at::empty({M, n}, x.options());
@@ -254,11 +255,11 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   float* outp = out.data_ptr<float>();
   const int64_t pairs = (P + 1) / 2;
   at::parallel_for(0, pairs, 1, [&](int64_t lo, int64_t hi) {
-    // every thread splits all of x for itself: it reads each part once per pass, and a
-    // copy in its own core's cache beats one fetched from the core that split it
-    // aligned to a cache line, so that each 64-byte row of a tile is one line, not two;
-    // kept per thread between calls (it grows to the largest x seen), so that a call
-    // neither allocates nor zeroes it
+    // Every thread splits all of x for itself: it reads each part once per pass, and a
+    // copy in its own core's cache beats one fetched from the core that split it. The
+    // parts are aligned to a cache line, so that each 64-byte row of a tile is one line,
+    // not two, and kept per thread between calls (growing to the largest x seen), so
+    // that a call neither allocates nor zeroes them.
     thread_local std::vector<uint16_t> parts_store;
     if (parts_store.size() < static_cast<size_t>(3 * M * K + 32)) parts_store.resize(3 * M * K + 32);
     uint16_t* parts = reinterpret_cast<uint16_t*>((reinterpret_cast<uintptr_t>(parts_store.data()) + 63) & ~uintptr_t{63});
@@ -283,7 +284,7 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
                         nb,
                         q.size(2) * q.size(3),
                         q4};
-    alignas(64) float acc[2][2 * kRowsPerTile * kCols];
+    alignas(64) float acc[2 * 2 * kRowsPerTile * kCols];  // a pass's sums: [panel][row][column]
     const int64_t p_end = std::min(P, 2 * hi);
     for (int64_t g0 = 0; g0 < M; g0 += 2 * kRowsPerTile) {
       const int64_t rows = std::min<int64_t>(2 * kRowsPerTile, M - g0);
@@ -299,16 +300,16 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
       for (int64_t p = 2 * lo; p < p_end; p += 2) {
         const int np = p + 1 < p_end ? 2 : 1;
         if (np == 2) {
-          tile_pass<2>(args, g0, rows, p, p_end * nb, acc[0]);
+          tile_pass<2>(args, g0, rows, p, p_end * nb, acc);
         } else {
-          tile_pass<1>(args, g0, rows, p, p_end * nb, acc[0]);
+          tile_pass<1>(args, g0, rows, p, p_end * nb, acc);
         }
         for (int j = 0; j < np; ++j) {
           const int64_t col = (p + j) * kCols;
           const int64_t cols = std::min(kCols, n - col);
           for (int64_t r = 0; r < rows; ++r) {
             float* dst = outp + (g0 + r) * n + col;
-            const float* src = acc[0] + j * 2 * kRowsPerTile * kCols + r * kCols;
+            const float* src = acc + j * 2 * kRowsPerTile * kCols + r * kCols;
             if (rp != nullptr) {
               const float* res = rp + (g0 + r) * n + col;
               for (int64_t c = 0; c < cols; ++c) dst[c] = res[c] + src[c];
