@@ -47,6 +47,22 @@ def test_tile_linear_matches_the_dequantized_product(q4: bool, n: int, k: int) -
         assert float((out.double() - ref).abs().max() / ref.abs().max()) < 2e-6, (rows, n, k)
 
 
+@pytest.mark.parametrize("residual", [False, True])
+def test_an_output_larger_than_l2_is_streamed_to_the_same_values(residual: bool) -> None:
+    """Past 4 MB the kernel writes with streaming stores (aligned full panels) and plain
+    masked ones (the rest): 70 rows x 16376 columns is 4.6 MB, its last panel partial and
+    half its rows not 64-byte aligned."""
+    n, k = 16376, 64
+    blocks = random_blocks(n, k, q4=False)
+    q, scale, _ = pack_tiles(blocks)
+    x = torch.randn(70, k)
+    res = torch.randn(70, n) if residual else None
+    out = torch.ops.metronome.tile_linear(x, q, scale, None, n, res)
+    ref = x.double() @ blocks.dequantize().double().t() + (res.double() if res is not None else 0)
+    assert out.numel() * 4 > 4 << 20
+    assert float((out.double() - ref).abs().max() / ref.abs().max()) < 2e-6
+
+
 @pytest.mark.parametrize("q4", [True, False])
 def test_tile_rows_are_the_dequantized_rows_bit_for_bit(q4: bool) -> None:
     blocks = random_blocks(50, 96, q4=q4)

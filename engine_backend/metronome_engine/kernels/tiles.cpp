@@ -254,6 +254,10 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   const float* xp = x.data_ptr<float>();
   float* outp = out.data_ptr<float>();
   const int64_t pairs = (P + 1) / 2;
+  // An output larger than a core's L2 (the output head's logits: 6 MB at 32 rows) goes
+  // to memory anyway; streaming stores skip reading each line before writing it
+  // (measured: the head 4-7% faster, its logits still read at memory speed after).
+  const bool stream = M * n * static_cast<int64_t>(sizeof(float)) > (int64_t{4} << 20);
   at::parallel_for(0, pairs, 1, [&](int64_t lo, int64_t hi) {
     // Every thread splits all of x for itself: it reads each part once per pass, and a
     // copy in its own core's cache beats one fetched from the core that split it. The
@@ -307,19 +311,21 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
         for (int j = 0; j < np; ++j) {
           const int64_t col = (p + j) * kCols;
           const int64_t cols = std::min(kCols, n - col);
+          const auto mask = static_cast<__mmask16>((1u << cols) - 1);
           for (int64_t r = 0; r < rows; ++r) {
             float* dst = outp + (g0 + r) * n + col;
-            const float* src = acc + j * 2 * kRowsPerTile * kCols + r * kCols;
-            if (rp != nullptr) {
-              const float* res = rp + (g0 + r) * n + col;
-              for (int64_t c = 0; c < cols; ++c) dst[c] = res[c] + src[c];
+            __m512 v = _mm512_load_ps(acc + j * 2 * kRowsPerTile * kCols + r * kCols);
+            if (rp != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, rp + (g0 + r) * n + col));
+            if (stream && cols == kCols && (reinterpret_cast<uintptr_t>(dst) & 63) == 0) {
+              _mm512_stream_ps(dst, v);
             } else {
-              std::memcpy(dst, src, cols * sizeof(float));
+              _mm512_mask_storeu_ps(dst, mask, v);
             }
           }
         }
       }
     }
+    if (stream) _mm_sfence();  // streaming stores are weakly ordered: land them before the join
     _tile_release();
   });
   return out;
