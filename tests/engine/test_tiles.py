@@ -47,6 +47,24 @@ def test_tile_linear_matches_the_dequantized_product(q4: bool, n: int, k: int) -
         assert float((out.double() - ref).abs().max() / ref.abs().max()) < 2e-6, (rows, n, k)
 
 
+def test_how_the_threads_share_the_panels_changes_no_bit() -> None:
+    """Threads take panel pairs from shared counters (a fast core helps a slow one), so
+    which thread computes a panel varies from call to call; its result must not."""
+    blocks = random_blocks(1000, 576, q4=True)
+    q, scale, offset = pack_tiles(blocks)
+    threads = torch.get_num_threads()
+    try:
+        for rows in (1, 33, 70):
+            x = torch.randn(rows, 576)
+            torch.set_num_threads(1)
+            one = torch.ops.metronome.tile_linear(x, q, scale, offset, 1000, None)
+            torch.set_num_threads(max(2, threads))
+            for _ in range(5):
+                assert torch.equal(torch.ops.metronome.tile_linear(x, q, scale, offset, 1000, None), one)
+    finally:
+        torch.set_num_threads(threads)
+
+
 @pytest.mark.parametrize("residual", [False, True])
 def test_an_output_larger_than_l2_is_streamed_to_the_same_values(residual: bool) -> None:
     """Past 4 MB the kernel writes with streaming stores (aligned full panels) and plain

@@ -23,6 +23,7 @@
 #include <ATen/Parallel.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <cstring>
 #include <vector>
@@ -272,7 +273,16 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
   // to memory anyway; streaming stores skip reading each line before writing it
   // (measured: the head 4-7% faster, its logits still read at memory speed after).
   const bool stream = M * n * static_cast<int64_t>(sizeof(float)) > (int64_t{4} << 20);
-  at::parallel_for(0, pairs, 1, [&](int64_t lo, int64_t hi) {
+  // Each thread owns a run of panel pairs (its weights stream in order, fetched ahead),
+  // takes them one by one from its run's counter, and when done, takes what is left of
+  // the other runs: a core's tile unit at times runs at half speed (another tenant on the
+  // same physical core), and with fixed halves the other core then waited for it.
+  const int64_t groups = (M + 2 * kRowsPerTile - 1) / (2 * kRowsPerTile);
+  const int64_t runs = std::min<int64_t>(at::get_num_threads(), pairs);
+  auto run_start = [&](int64_t r) { return r * pairs / runs; };
+  std::vector<std::atomic<int64_t>> next(groups * runs);  // per row group and run
+  for (int64_t i = 0; i < groups * runs; ++i) next[i] = run_start(i % runs);
+  at::parallel_for(0, runs, 1, [&](int64_t own, int64_t) {
     // Every thread splits all of x for itself: it reads each part once per pass, and a
     // copy in its own core's cache beats one fetched from the core that split it. The
     // parts are aligned to a cache line, so that each 64-byte row of a tile is one line,
@@ -303,7 +313,6 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
                         q.size(2) * q.size(3),
                         q4};
     alignas(64) float acc[2 * 2 * kRowsPerTile * kCols];  // a pass's sums: [panel][row][column]
-    const int64_t p_end = std::min(P, 2 * hi);
     for (int64_t g0 = 0; g0 < M; g0 += 2 * kRowsPerTile) {
       const int64_t rows = std::min<int64_t>(2 * kRowsPerTile, M - g0);
       const auto r0 = static_cast<uint8_t>(std::min<int64_t>(kRowsPerTile, rows));
@@ -315,25 +324,32 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
       }
       for (int t : {6, 7}) cfg.rows[t] = 16, cfg.colsb[t] = 64;
       _tile_loadconfig(&cfg);
-      for (int64_t p = 2 * lo; p < p_end; p += 2) {
-        const int np = p + 1 < p_end ? 2 : 1;
-        if (np == 2) {
-          tile_pass<2>(args, g0, rows, p, p_end * nb, acc);
-        } else {
-          tile_pass<1>(args, g0, rows, p, p_end * nb, acc);
-        }
-        for (int j = 0; j < np; ++j) {
-          const int64_t col = (p + j) * kCols;
-          const int64_t cols = std::min(kCols, n - col);
-          const auto mask = static_cast<__mmask16>((1u << cols) - 1);
-          for (int64_t r = 0; r < rows; ++r) {
-            float* dst = outp + (g0 + r) * n + col;
-            __m512 v = _mm512_load_ps(acc + j * 2 * kRowsPerTile * kCols + r * kCols);
-            if (rp != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, rp + (g0 + r) * n + col));
-            if (stream && cols == kCols && (reinterpret_cast<uintptr_t>(dst) & 63) == 0) {
-              _mm512_stream_ps(dst, v);
-            } else {
-              _mm512_mask_storeu_ps(dst, mask, v);
+      // its own run first, then what is left of the others
+      for (int64_t i = 0; i < runs; ++i) {
+        const int64_t run = (own + i) % runs, run_end = run_start(run + 1);
+        std::atomic<int64_t>& counter = next[(g0 / (2 * kRowsPerTile)) * runs + run];
+        for (int64_t pair = counter++; pair < run_end; pair = counter++) {
+          const int64_t p = 2 * pair;
+          const int np = p + 1 < P ? 2 : 1;
+          const int64_t prefetch_end = std::min(P, 2 * run_end) * nb;
+          if (np == 2) {
+            tile_pass<2>(args, g0, rows, p, prefetch_end, acc);
+          } else {
+            tile_pass<1>(args, g0, rows, p, prefetch_end, acc);
+          }
+          for (int j = 0; j < np; ++j) {
+            const int64_t col = (p + j) * kCols;
+            const int64_t cols = std::min(kCols, n - col);
+            const auto mask = static_cast<__mmask16>((1u << cols) - 1);
+            for (int64_t r = 0; r < rows; ++r) {
+              float* dst = outp + (g0 + r) * n + col;
+              __m512 v = _mm512_load_ps(acc + j * 2 * kRowsPerTile * kCols + r * kCols);
+              if (rp != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, rp + (g0 + r) * n + col));
+              if (stream && cols == kCols && (reinterpret_cast<uintptr_t>(dst) & 63) == 0) {
+                _mm512_stream_ps(dst, v);
+              } else {
+                _mm512_mask_storeu_ps(dst, mask, v);
+              }
             }
           }
         }
