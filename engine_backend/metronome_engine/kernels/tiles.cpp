@@ -11,10 +11,11 @@
 // The products are summed in another order than a float32 GEMM's, so results agree with
 // it to float32 rounding, not bit for bit.
 //
-// What bounds it (measured): a tile product costs the same at 1 row as at 16, and each
-// block takes three (one per part), a float32 scale of its sums and the widening of its
-// weights; at 32 rows that bookkeeping costs more than the products. Whole steps take
-// about 0.6 of the float32 panels' time at 1-8 rows and 0.76 at 32.
+// What bounds it (measured): the tile unit. A tile product costs the same at 1 row as at
+// 16, each block takes three (one per part), and each block's sums leave the tiles to be
+// scaled in float32 (four tile stores a block); the widening and the scaling run on the
+// vector unit between the products. Whole steps took about 0.6 of the float32 panels'
+// time at 1-8 rows and 0.76 at 32, before the last two changes (docs/engine.md, Speed).
 
 #include "tiles.h"
 
