@@ -232,6 +232,28 @@ void tile_pass(const TileArgs& a, int64_t g0, int64_t rows, int64_t p, int64_t p
   for (int j = 0; j < NP; ++j) scale(a.nb - 1, j, 0, rows);
 }
 
+// A pass's sums (acc [np][32][16], rows g0 .. g0 + rows - 1, columns col0 on) into out
+// [M, n], plus the residual's if there is one. Streaming stores, where asked, for the
+// aligned full panels; masked plain ones for the rest.
+void store_pass(const float* acc, int np, int64_t col0, int64_t g0, int64_t rows, int64_t n, const float* residual,
+                float* out, bool stream) {
+  for (int j = 0; j < np; ++j) {
+    const int64_t col = col0 + j * kCols;
+    const int64_t cols = std::min(kCols, n - col);
+    const auto mask = static_cast<__mmask16>((1u << cols) - 1);
+    for (int64_t r = 0; r < rows; ++r) {
+      float* dst = out + (g0 + r) * n + col;
+      __m512 v = _mm512_load_ps(acc + j * 2 * kRowsPerTile * kCols + r * kCols);
+      if (residual != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, residual + (g0 + r) * n + col));
+      if (stream && cols == kCols && (reinterpret_cast<uintptr_t>(dst) & 63) == 0) {
+        _mm512_stream_ps(dst, v);
+      } else {
+        _mm512_mask_storeu_ps(dst, mask, v);
+      }
+    }
+  }
+}
+
 }  // namespace
 
 bool tiles_ready() {
@@ -338,21 +360,7 @@ at::Tensor tile_linear(const at::Tensor& x, const at::Tensor& q, const at::Tenso
           } else {
             tile_pass<1>(args, g0, rows, p, prefetch_end, acc);
           }
-          for (int j = 0; j < np; ++j) {
-            const int64_t col = (p + j) * kCols;
-            const int64_t cols = std::min(kCols, n - col);
-            const auto mask = static_cast<__mmask16>((1u << cols) - 1);
-            for (int64_t r = 0; r < rows; ++r) {
-              float* dst = outp + (g0 + r) * n + col;
-              __m512 v = _mm512_load_ps(acc + j * 2 * kRowsPerTile * kCols + r * kCols);
-              if (rp != nullptr) v = _mm512_add_ps(v, _mm512_maskz_loadu_ps(mask, rp + (g0 + r) * n + col));
-              if (stream && cols == kCols && (reinterpret_cast<uintptr_t>(dst) & 63) == 0) {
-                _mm512_stream_ps(dst, v);
-              } else {
-                _mm512_mask_storeu_ps(dst, mask, v);
-              }
-            }
-          }
+          store_pass(acc, np, p * kCols, g0, rows, n, rp, outp, stream);
         }
       }
     }

@@ -47,8 +47,9 @@ def _run(args: argparse.Namespace) -> int:
     roof, results, kernels, layout = run_step_bench(
         args.batch, model=args.model, steps=args.steps, with_hf=not args.no_hf, kernels=args.kernels, on_progress=say
     )
+    batches = [r.as_dict() for r in results]
     report = {
-        "batches": [r.as_dict() for r in results],
+        "batches": batches,
         "kernels": kernels,
         "weights": layout,
         "gemm_gflops": roof.gemm_gflops,
@@ -80,17 +81,17 @@ def _run(args: argparse.Namespace) -> int:
             ],
             [
                 [
-                    r.batch,
-                    f"{r.context_min}-{r.context_max}",
-                    r.engine_ms,
-                    r.hf_ms,
-                    r.floor_ms,
-                    r.floor_peak_ms,
-                    r.as_dict()["engine_vs_hf"],
-                    r.as_dict()["engine_vs_floor"],
-                    r.as_dict()["engine_vs_floor_peak"],
+                    b["batch"],
+                    f"{b['context_min']}-{b['context_max']}",
+                    b["engine_ms"],
+                    b["hf_ms"],
+                    b["floor_ms"],
+                    b["floor_peak_ms"],
+                    b["engine_vs_hf"],
+                    b["engine_vs_floor"],
+                    b["engine_vs_floor_peak"],
                 ]
-                for r in results
+                for b in batches
             ],
         )
         print("floor: the roofline measured in turn with the steps (median); peak floor: its best, measured before")
