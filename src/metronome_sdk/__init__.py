@@ -1,6 +1,7 @@
 """Metronome: real-time interaction-model sessions over a bounded KV cache.
 
-``import metronome_sdk as metronome``; then ``async with metronome.Session() as s:``.
+``import metronome_sdk as metronome``; then ``async with metronome.Engine() as engine:`` and
+``async with engine.session() as s:``.
 This module only re-exports; everything lives in private modules.
 """
 
@@ -14,18 +15,22 @@ from ._exceptions import (
     AdmissionRejected,
     CacheExhausted,
     DeadlineMissed,
+    EngineClosed,
     EngineError,
     EngineStalled,
+    InputQueueFull,
     LoadShed,
     MetronomeError,
     Overloaded,
     SessionBroken,
     SessionClosed,
     SessionError,
+    StallReason,
+    TurnInterrupted,
 )
 from ._frames import InputFrame, OutputFrame
 from ._metrics import EngineMetrics
-from ._session import Session, default_engine
+from ._session import Interrupted, Session
 from ._stats import EngineStats, SessionStats, TickReport
 
 __all__ = [
@@ -35,6 +40,7 @@ __all__ = [
     "CacheExhausted",
     "DeadlineMissed",
     "Engine",
+    "EngineClosed",
     "EngineConfig",
     "EngineError",
     "EngineMetrics",
@@ -43,6 +49,8 @@ __all__ = [
     "FixedRateCodec",
     "FrameCodec",
     "InputFrame",
+    "InputQueueFull",
+    "Interrupted",
     "LoadShed",
     "MemoryGuard",
     "MetronomeError",
@@ -55,8 +63,9 @@ __all__ = [
     "SessionClosed",
     "SessionError",
     "SessionStats",
+    "StallReason",
     "TextTokenizer",
     "TickReport",
     "TimingConfig",
-    "default_engine",
+    "TurnInterrupted",
 ]

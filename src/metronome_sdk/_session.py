@@ -1,51 +1,39 @@
 """A session: one conversation on the metronome.
 
-``async with metronome.Session() as s:`` opens a session on the process's default
-embedded engine (one per event loop, created on first use, the model weights shared);
-``engine.session(...)`` opens one on an explicit engine. Send one input frame per tick
-and receive one output frame for each, in order: ``await s.step(frame)``, or
-``await s.send(frame)`` and ``async for out in s``.
+The documented form is structured: ``async with metronome.Engine() as engine:`` then
+``async with engine.session(...) as s:``. ``async with metronome.Session() as s:`` alone is a
+convenience: the session makes its own embedded engine (the model weights are shared between
+engines) and closes it when it closes. Send one input frame per tick and receive one output
+frame for each, in order: ``await s.step(frame)``, or ``await s.send(frame)`` and
+``async for out in s``.
+
+Every await is cancel-safe: cancelled, it loses nothing and leaves nothing stale. A cancelled
+``step()`` withdraws its frame (never appended, if no tick took it yet) or its output (never
+returned by a later ``receive()``); ``interrupt()`` stops the current reply at the next tick.
 """
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import weakref
-from collections import deque
+from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING
 
 import anyio
+import anyio.lowlevel
 
 from metronome_engine import SamplingParams
 
+from ._channel import SessionChannel, State
 from ._engine import Engine
-from ._exceptions import MetronomeError, SessionClosed
+from ._exceptions import EngineClosed, SessionClosed, TurnInterrupted
 from ._frames import InputFrame, OutputFrame
 from ._log import get_logger
+from ._state import Slot
 from ._stats import SessionStats
 
-if TYPE_CHECKING:
-    from ._engine import _Pending
-
-__all__ = ["Session", "default_engine"]
+__all__ = ["Interrupted", "Session"]
 
 _ids = itertools.count(1)
-_defaults: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Engine] = weakref.WeakKeyDictionary()
-
-
-def default_engine() -> Engine:
-    """The embedded engine of the running event loop, made on first use with default settings."""
-    try:
-        loop = asyncio.get_running_loop()
-    except RuntimeError:
-        raise RuntimeError("the default engine lives in an asyncio event loop; call this from async code") from None
-    engine = _defaults.get(loop)
-    if engine is None or engine.closed:
-        engine = _defaults[loop] = Engine()
-    return engine
-
 
 FrameLike = InputFrame | str | None
 
@@ -61,6 +49,25 @@ def _as_frame(frame: FrameLike) -> InputFrame:
         f"a frame is an InputFrame, a str or None, got {type(frame).__name__}; "
         "wrap audio with InputFrame.from_audio(samples, sample_rate=...)"
     )
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Interrupted:
+    """What ``Session.interrupt()`` did.
+
+    ``kept``: the reply's tokens that stay in the session's context, the ones the reader took
+    since the last input frame (``text`` decodes them). ``withdrawn``: frames whose output
+    will not come (each answered with ``TurnInterrupted``). ``trimmed``: the context holds
+    exactly what was delivered; ``False`` when ``untrimmed`` reply tokens had already been
+    appended before the reader took them (a sender running ahead of its reader), which the
+    engine cannot take back out of the KV cache.
+    """
+
+    kept: tuple[int, ...]
+    text: str
+    withdrawn: int
+    trimmed: bool
+    untrimmed: int
 
 
 class Session:
@@ -90,29 +97,13 @@ class Session:
             raise ValueError(f"engine must be a metronome Engine, got {type(engine).__name__}")
         self.id = next(_ids)
         self._engine = engine
+        self._own_engine = engine is None  # made by open(), closed by aclose()
         self._system_prompt = system_prompt
         self._sampling = sampling
         self._timeout = timeout
         self._log = get_logger(session_id=self.id)
-        self._opened = False
+        self._slot: Slot | None = None
         self._closed = False
-        self._by_engine = False
-        self._ended: MetronomeError | None = None  # why the engine ended the session
-        self._rendered = False  # the chat template's preamble was sent
-        self._seq_id: int | None = None
-        self._in_tick = False
-        self._prefix: list[int] = []
-        self._queue: deque[_Pending] = deque()
-        self._feedback: int | None = None  # the last output token, appended with the next chunk
-        self._outputs: deque[OutputFrame | BaseException] = deque()
-        self._ready: anyio.Event | None = None
-        self._frames_sent = 0
-        self._frames_out = 0
-        self._misses = 0
-        self._stalls = 0
-        self._dropped = 0  # outputs discarded unread (slow_consumer="drop_oldest")
-        self._num_tokens = 0
-        self._num_blocks = 0
 
     # opening and closing -------------------------------------------------------------------------
 
@@ -122,33 +113,49 @@ class Session:
 
     @property
     def closed(self) -> bool:
-        return self._closed
+        return self._closed or (self._slot is not None and not self._slot.channel.open)
+
+    def _new_channel(self, engine: Engine) -> SessionChannel:
+        rel = engine.reliability
+        return SessionChannel(
+            self.id,
+            input_queue=rel.input_queue,
+            output_queue=rel.output_queue,
+            drop_oldest=rel.slow_consumer == "drop_oldest",
+        )
 
     async def open(self) -> Session:
         """Wait (up to ``timeout``) for admission; raise ``AdmissionRejected`` if no room came."""
-        if self._opened:
+        if self._slot is not None:
             self._check_open()
             return self
-        engine = self._engine if self._engine is not None else default_engine()
-        self._engine = engine
-        await engine._open(self, self._timeout)
+        if self._closed:
+            raise SessionClosed(f"session {self.id} was closed; open a new session", session_id=self.id)
+        engine = self._engine
+        if engine is None:
+            engine = self._engine = Engine()
+        if self._own_engine:
+            await engine.__aenter__()
+        try:
+            self._slot = await engine._admit(
+                self._new_channel(engine), self._system_prompt, self._sampling, self._log, self._timeout
+            )
+        except BaseException:
+            if self._own_engine:  # its task group exits in the scope that entered it (aclose() is shielded)
+                await engine.__aexit__(None, None, None)
+            raise
         return self
 
     def open_nowait(self) -> Session:
         """Open now or raise ``AdmissionRejected`` at once: the nowait twin of ``open()``."""
-        if self._opened:
+        if self._slot is not None:
             self._check_open()
             return self
-        engine = self._engine if self._engine is not None else default_engine()
-        self._engine = engine
-        engine._open_nowait(self)
+        if self._engine is None or self._own_engine:
+            raise RuntimeError("open_nowait() needs a started engine: use engine.try_session(), or `async with`")
+        engine = self._engine
+        self._slot = engine._admit_nowait(self._new_channel(engine), self._system_prompt, self._sampling, self._log)
         return self
-
-    def _attach(self, engine: Engine, prefix: list[int]) -> None:
-        self._engine = engine
-        self._prefix = prefix
-        self._opened = True
-        self._ready = anyio.Event()
 
     async def __aenter__(self) -> Session:
         return await self.open()
@@ -160,89 +167,124 @@ class Session:
 
     async def aclose(self) -> None:
         """Close the session and return its KV blocks to the pool. Idempotent; safe when cancelled."""
-        if self._closed or not self._opened:
-            self._closed = True
-            return
-        self._closed = True
-        self._queue.clear()
-        self._wake_receivers()
-        engine = self._engine
-        assert engine is not None
-        with anyio.CancelScope(shield=True):
-            await engine._close_session(self)
-        self._log.info(
-            "session.closed",
-            by="application",
-            frames=self._frames_out,
-            stalls=self._stalls,
-            deadline_misses=self._misses,
-        )
-
-    def _closed_by_engine(self) -> None:
-        self._closed = True
-        self._by_engine = True
-        self._queue.clear()
-        self._wake_receivers()
-        self._log.info(
-            "session.closed", by="engine", frames=self._frames_out, stalls=self._stalls, deadline_misses=self._misses
-        )
-
-    def _end(self, error: MetronomeError) -> None:
-        """The engine ended the session: unread outputs stay, then ``error``, raised again on later use."""
         if self._closed:
             return
         self._closed = True
-        self._by_engine = True
-        self._ended = error
-        self._queue.clear()
-        self._outputs.append(error)
-        self._wake_receivers()
-        self._log.warning("session.closed", by="engine", error=type(error).__name__, frames=self._frames_out)
+        slot, engine = self._slot, self._engine
+        with anyio.CancelScope(shield=True):
+            if slot is not None and engine is not None:
+                by_app = slot.channel.open
+                slot.channel.close()
+                await engine._release(slot)
+                if by_app:
+                    counts = slot.channel.counts
+                    self._log.info(
+                        "session.closed",
+                        by="application",
+                        frames=counts.frames,
+                        stalls=counts.stalls,
+                        deadline_misses=counts.deadline_misses,
+                    )
+        if self._own_engine and engine is not None:
+            # outside the shield: a task group exits in the cancel scope that entered it (its close is shielded)
+            await engine.__aexit__(None, None, None)
 
-    def _check_open(self) -> None:
-        if self._ended is not None:
-            raise self._ended
-        if not self._opened:
+    def _require_slot(self) -> Slot:
+        if self._slot is None:
             raise SessionClosed(
                 f"session {self.id} is not open; use `async with` or await open() first", session_id=self.id
             )
-        if self._closed:
-            who = "its engine was closed" if self._by_engine else "it was closed"
-            raise SessionClosed(f"session {self.id} cannot be used: {who}", session_id=self.id)
+        return self._slot
+
+    def _check_open(self) -> Slot:
+        slot = self._require_slot()
+        channel = slot.channel
+        if channel.error is not None:
+            raise channel.error
+        if channel.state is State.ENGINE_CLOSED:
+            raise EngineClosed(f"session {self.id} cannot be used: its engine was closed", session_id=self.id)
+        if self._closed or channel.state is not State.OPEN:
+            raise SessionClosed(f"session {self.id} cannot be used: it was closed", session_id=self.id)
+        return slot
 
     # frames --------------------------------------------------------------------------------------
 
-    async def send(self, frame: FrameLike = None) -> None:
-        """Queue one input frame for the next tick (text, ``InputFrame``, or ``None`` for an empty tick)."""
-        self._check_open()
+    def send_nowait(self, frame: FrameLike = None) -> int:
+        """Queue one input frame for the next tick, or raise ``InputQueueFull`` at once; its index.
+
+        ``frame``: text, an ``InputFrame``, or ``None`` for an empty tick (the model keeps talking).
+        """
+        slot = self._check_open()
         engine = self._engine
         assert engine is not None
-        engine._submit(self, _as_frame(frame))
-        await anyio.lowlevel.checkpoint()
+        engine._submit(slot, _as_frame(frame))
+        return slot.channel.counts.sent - 1
+
+    async def send(self, frame: FrameLike = None) -> int:
+        """Queue one input frame, waiting while the input queue is full; the frame's index."""
+        as_frame = _as_frame(frame)
+        await anyio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            slot = self._check_open()
+            if slot.channel.has_input_room():
+                index = self.send_nowait(as_frame)
+                await anyio.lowlevel.cancel_shielded_checkpoint()  # queued: a cancel now must not hide that
+                return index
+            await slot.channel.input_room()
+
+    def receive_nowait(self) -> OutputFrame | None:
+        """The next output frame if one is here, else ``None``; raises as ``receive()`` does."""
+        slot = self._require_slot()
+        item = slot.channel.take_nowait()
+        if item is None:
+            self._check_open()
+            return None
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
     async def receive(self) -> OutputFrame:
         """The next output frame, in the order the input frames were sent.
 
         Raises what the engine reported for that frame (``EngineStalled``,
-        ``CacheExhausted``, ``DeadlineMissed`` in strict mode), and ``SessionClosed``
-        once the session is closed and every output was taken.
+        ``CacheExhausted``, ``DeadlineMissed`` in strict mode, ``TurnInterrupted``),
+        ``SessionClosed`` once the session is closed, and ``EngineClosed`` once its engine is.
         """
+        await anyio.lowlevel.checkpoint_if_cancelled()
         while True:
-            if self._outputs:
-                item = self._outputs.popleft()
-                if isinstance(item, BaseException):
-                    raise item
+            item = self.receive_nowait()
+            if item is not None:
+                await anyio.lowlevel.cancel_shielded_checkpoint()
                 return item
-            self._check_open()
-            assert self._ready is not None
-            if self._ready.is_set():
-                self._ready = anyio.Event()
-            await self._ready.wait()
+            assert self._slot is not None
+            await self._slot.channel.changed()
 
     async def step(self, frame: FrameLike = None) -> OutputFrame:
-        """Send one frame and wait for its output: ``send`` then ``receive``."""
-        await self.send(frame)
-        return await self.receive()
+        """Send one frame and wait for its output.
+
+        Cancel-safe: cancelled before a tick took the frame, it is withdrawn (never appended);
+        cancelled later, its output is discarded when it comes, and no ``receive()`` returns it.
+        """
+        index = await self.send(frame)
+        slot = self._require_slot()
+        channel = slot.channel
+        try:
+            while True:
+                item = channel.take_nowait(index)
+                if item is not None:
+                    break
+                self._check_open()
+                await channel.changed()
+        except BaseException:
+            withdrawn = channel.withdraw(index)
+            if withdrawn is not None and self._engine is not None:
+                self._engine._withdrawn(slot, withdrawn)
+            if slot.feedback is not None and slot.feedback[1] == index:
+                slot.feedback = None  # its output was never delivered: the model does not see it either
+            raise
+        if isinstance(item, BaseException):
+            raise item
+        return item
 
     async def chat(self, text: str, *, max_tokens: int = 64) -> str:
         """Say ``text`` and collect the reply until the model ends its turn or ``max_tokens``."""
@@ -257,6 +299,39 @@ class Session:
             produced += 1
         return "".join(parts)
 
+    def interrupt(self) -> Interrupted:
+        """Stop the current reply at the next tick (barge-in); say which of its tokens the context keeps.
+
+        Every frame not yet answered is answered with ``TurnInterrupted`` instead: queued frames
+        are withdrawn unappended, unread outputs are dropped, and the output of a frame in the
+        tick now running is discarded when it comes. The session stays open: send the new input.
+        """
+        slot = self._check_open()
+        channel = slot.channel
+        feedback_unread = slot.feedback is not None and channel.is_unread(slot.feedback[1])
+        withdrawn = [0]
+
+        def answer(index: int) -> TurnInterrupted:
+            withdrawn[0] += 1
+            return TurnInterrupted(
+                f"frame {index} of session {self.id} was interrupted before its output was delivered",
+                session_id=self.id,
+                index=index,
+            )
+
+        engine = self._engine
+        assert engine is not None
+        for pending in channel.withdraw_all(answer):
+            engine._withdrawn(slot, pending)
+        if feedback_unread:
+            slot.feedback = None  # never delivered: the model does not see it either
+        kept = tuple(channel.reply)
+        untrimmed, channel.untrimmed, channel.reply = channel.untrimmed, 0, []
+        tok = engine.tokenizer
+        text = tok.decode(list(kept)) if tok is not None and kept else ""
+        self._log.info("session.interrupted", kept=len(kept), withdrawn=withdrawn[0], untrimmed=untrimmed)
+        return Interrupted(kept=kept, text=text, withdrawn=withdrawn[0], trimmed=untrimmed == 0, untrimmed=untrimmed)
+
     def __aiter__(self) -> Session:
         return self
 
@@ -264,34 +339,34 @@ class Session:
         try:
             return await self.receive()
         except SessionClosed:
-            if self._by_engine or not self._opened:
+            if self._slot is None:
                 raise
             raise StopAsyncIteration from None
-
-    def _deliver(self, item: OutputFrame | BaseException) -> None:
-        if self._closed:
-            return
-        self._outputs.append(item)
-        self._wake_receivers()
-
-    def _wake_receivers(self) -> None:
-        if self._ready is not None:
-            self._ready.set()
 
     # observability -------------------------------------------------------------------------------
 
     def stats(self) -> SessionStats:
+        slot = self._slot
+        if slot is None:
+            return SessionStats(
+                session_id=self.id, open=False, frames=0, deadline_misses=0, stalls=0, num_tokens=0, num_blocks=0
+            )
+        counts = slot.channel.counts
         return SessionStats(
             session_id=self.id,
-            open=self._opened and not self._closed,
-            frames=self._frames_out,
-            deadline_misses=self._misses,
-            stalls=self._stalls,
-            outputs_dropped=self._dropped,
-            num_tokens=self._num_tokens,
-            num_blocks=self._num_blocks,
+            open=not self.closed,
+            frames=counts.frames,
+            deadline_misses=counts.deadline_misses,
+            stalls=counts.stalls,
+            outputs_dropped=counts.outputs_dropped,
+            num_tokens=slot.num_tokens,
+            num_blocks=slot.num_blocks,
+            frames_sent=counts.sent,
+            queued_inputs=len(slot.channel.inputs),
+            unread_outputs=slot.channel.unread,
         )
 
     def __repr__(self) -> str:
-        state = "closed" if self._closed else ("open" if self._opened else "new")
-        return f"Session(id={self.id}, {state}, frames={self._frames_out})"
+        state = "closed" if self.closed else ("open" if self._slot is not None else "new")
+        frames = self._slot.channel.counts.frames if self._slot is not None else 0
+        return f"Session(id={self.id}, {state}, frames={frames})"

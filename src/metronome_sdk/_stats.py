@@ -47,6 +47,8 @@ class EngineStats:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionStats:
+    """One session at one moment: its counts, its KV footprint, and its queues' depths."""
+
     session_id: int
     open: bool
     frames: int
@@ -55,6 +57,9 @@ class SessionStats:
     num_tokens: int
     num_blocks: int
     outputs_dropped: int = 0
+    frames_sent: int = 0  # input frames accepted
+    queued_inputs: int = 0  # input frames waiting for a tick (bounded by ReliabilityConfig.input_queue)
+    unread_outputs: int = 0  # outputs and errors waiting for the reader (bounded by output_queue)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

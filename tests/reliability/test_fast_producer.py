@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
-from metronome_sdk import AdmissionRejected, InputFrame, LoadShed, Overloaded, ReliabilityConfig, TimingConfig
+from metronome_sdk import InputFrame, InputQueueFull, Overloaded, ReliabilityConfig, TimingConfig
 from tests.sdk.conftest import make_engine
 
 pytestmark = pytest.mark.timeout(60)
@@ -19,16 +20,16 @@ async def test_a_burst_past_the_input_queue_is_refused_and_the_accepted_frames_a
     engine = make_engine(timing=SLOW, reliability=ReliabilityConfig(input_queue=QUEUE))
     async with engine, engine.session() as s:
         accepted = 0
-        with pytest.raises(Overloaded) as info:
+        with pytest.raises(InputQueueFull) as info:
             for _ in range(QUEUE + 3):  # a tick may take one frame during the burst, not three
-                await s.send(FRAME)
+                s.send_nowait(FRAME)
                 accepted += 1
         err = info.value
-        # back-pressure on the frame, not on the session: neither refused at the door nor shed
-        assert not isinstance(err, (AdmissionRejected, LoadShed))
-        assert err.session_id == s.id and err.retry_after == SLOW.period and err.in_flight == 1
+        # back-pressure on the frame, not on the session: its own Overloaded, with only retry_after
+        assert isinstance(err, Overloaded) and not hasattr(err, "limit")
+        assert err.session_id == s.id and err.retry_after == SLOW.period
         assert QUEUE <= accepted <= QUEUE + 2
-        assert len(s._queue) == QUEUE and not s.closed
+        assert s.stats().queued_inputs == QUEUE and not s.closed
         got = [await s.receive() for _ in range(accepted)]
         assert [o.index for o in got] == list(range(accepted))  # every accepted frame, in order
         assert all(o.tokens for o in got)
@@ -40,10 +41,26 @@ async def test_a_burst_past_the_input_queue_is_refused_and_the_accepted_frames_a
 async def test_the_input_bound_is_per_session() -> None:
     engine = make_engine(timing=SLOW, reliability=ReliabilityConfig(input_queue=QUEUE))
     async with engine, engine.session() as flood, engine.session() as calm:
-        with pytest.raises(Overloaded):
+        with pytest.raises(InputQueueFull):
             for _ in range(QUEUE + 3):
-                await flood.send(FRAME)
+                flood.send_nowait(FRAME)
         assert (await calm.step(FRAME)).tokens  # the other session is not refused
+
+
+async def test_send_waits_for_room_where_send_nowait_refuses() -> None:
+    engine = make_engine(timing=SLOW, reliability=ReliabilityConfig(input_queue=QUEUE))
+    async with engine, engine.session() as s:
+        while s.stats().queued_inputs < QUEUE:
+            s.send_nowait(FRAME)
+        sent = s.stats().frames_sent
+        index = await s.send(FRAME)  # waits for the next tick to take a frame, then queues
+        assert index == sent and s.stats().queued_inputs <= QUEUE
+        with anyio.move_on_after(0.01) as scope:  # cancelled while waiting: nothing was queued
+            while True:
+                await s.send(FRAME)
+        assert scope.cancelled_caught
+        got = [await s.receive() for _ in range(s.stats().frames_sent)]
+        assert [o.index for o in got] == list(range(len(got)))
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "64"])

@@ -17,7 +17,7 @@ QUEUE = 4
 async def served(engine: Engine, s: Session, frames: int) -> None:
     """Wait (by event order, bounded) until ``frames`` of ``s``'s frames have been answered."""
     with anyio.fail_after(20):
-        while s._frames_out + s._stalls < frames and not s.closed:
+        while s.stats().frames + s.stats().stalls < frames and not s.closed:
             await anyio.sleep(0)
 
 
@@ -32,7 +32,7 @@ async def test_a_session_that_leaves_outputs_unread_is_shed_and_its_outputs_so_f
             await served(engine, deaf, i + 1)
         for i in range(QUEUE + 1, QUEUE + 4):
             assert (await reader.step(FRAME)).index == i
-        assert deaf.closed and len(deaf._outputs) <= QUEUE + 1  # bounded: never more than the queue and the error
+        assert deaf.closed and deaf.stats().unread_outputs <= QUEUE + 1  # bounded: the queue and the error
         got = [await deaf.receive() for _ in range(QUEUE)]
         assert [o.index for o in got] == list(range(QUEUE))  # nothing it was sent before the shed is lost
         with pytest.raises(LoadShed) as info:
@@ -44,8 +44,7 @@ async def test_a_session_that_leaves_outputs_unread_is_shed_and_its_outputs_so_f
             await deaf.send(FRAME)  # later use says why
         stats = engine.stats()
         assert (stats.shed, stats.sessions) == (1, 1)
-        core = engine.core
-        assert core.pool_stats().used_blocks == core.sequence_blocks(reader._seq_id)  # type: ignore[arg-type]
+        assert engine.core.pool_stats().used_blocks == reader.stats().num_blocks
         async with engine.session() as again:  # its slot went to a session that reads
             assert (await again.step(FRAME)).tokens
 
@@ -57,7 +56,7 @@ async def test_drop_oldest_keeps_the_latest_outputs_and_counts_the_rest() -> Non
         for i in range(sent):
             await s.send(FRAME)
             await served(engine, s, i + 1)
-            assert len(s._outputs) <= QUEUE
+            assert s.stats().unread_outputs <= QUEUE
         got = [await s.receive() for _ in range(QUEUE)]
         assert [o.index for o in got] == list(range(sent - QUEUE, sent))  # the gap shows in the indexes
         assert s.stats().outputs_dropped == engine.stats().outputs_dropped == sent - QUEUE

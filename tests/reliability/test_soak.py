@@ -63,7 +63,7 @@ async def soak(ticks: int, max_sessions: int, seed: int) -> None:
             for s in open_:
                 kind = rng.random()
                 frame = InputFrame.from_tokens([rng.randrange(3, 90) for _ in range(rng.randint(1, 6))])
-                await s.send("hi" if kind < 0.1 else (None if kind < 0.2 and s._frames_sent else frame))
+                await s.send("hi" if kind < 0.1 else (None if kind < 0.2 and s.stats().frames_sent else frame))
             for s in open_:
                 out = await s.receive()
                 assert out.tokens

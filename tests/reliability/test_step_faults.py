@@ -3,50 +3,44 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
 
 import anyio
 import pytest
 
-from metronome_engine import StepOutput, StepRequest
 from metronome_sdk import (
+    EngineClosed,
     EngineStalled,
     InputFrame,
     ReliabilityConfig,
     SessionBroken,
-    SessionClosed,
     TimingConfig,
 )
-from tests.reliability.conftest import poison
 from tests.sdk.conftest import make_engine
+from tests.support import FaultyBackend
 
 pytestmark = pytest.mark.timeout(60)
 
 FRAME = InputFrame.from_tokens([21, 22, 23])
+POISON = 77  # a token the faulty backend is told to corrupt
 
 
-class FlakyStep:
-    """Wraps ``core.step``: the next ``fail`` calls raise, the rest run for real."""
-
-    def __init__(self, real: object, fail: int = 0) -> None:
-        self.real = real
-        self.fail = fail
-        self.calls = 0
-
-    def __call__(self, requests: Sequence[StepRequest]) -> list[StepOutput]:
-        self.calls += 1
-        if self.fail > 0:
-            self.fail -= 1
-            raise RuntimeError("injected: the device fell over")
-        return self.real(requests)  # type: ignore[operator,no-any-return]
+def faults(engine: object) -> FaultyBackend:
+    core = engine.core  # type: ignore[attr-defined]
+    assert isinstance(core, FaultyBackend)
+    return core
 
 
-async def test_a_transient_step_exception_is_retried_and_nobody_notices(monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = make_engine(reliability=ReliabilityConfig(step_retries=1))
+def engine_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name.startswith("metronome-engine")]
+
+
+async def test_a_transient_step_exception_is_retried_and_nobody_notices() -> None:
+    engine = make_engine(reliability=ReliabilityConfig(step_retries=1), faulty=True)
     async with engine, engine.session() as a, engine.session() as b:
         await a.step(FRAME)
-        flaky = FlakyStep(engine.core.step, fail=1)
-        monkeypatch.setattr(engine.core, "step", flaky)
+        flaky = faults(engine)
+        calls = flaky.calls
+        flaky.fail_steps(1)
         await a.send(FRAME)
         await b.send(FRAME)
         outs = [await a.receive(), await b.receive()]
@@ -54,18 +48,15 @@ async def test_a_transient_step_exception_is_retried_and_nobody_notices(monkeypa
         assert [o.index for o in outs] == [1, 0]
         stats = engine.stats()
         assert (stats.step_failures, stats.failed_ticks, stats.failed) == (1, 0, False)
-        assert flaky.calls >= 2  # the failed try and its retry (one tick, or two if a's frame went alone)
+        assert flaky.calls - calls >= 2  # the failed try and its retry (one tick, or two if a's frame went alone)
 
 
-async def test_a_step_failing_every_try_stalls_its_frames_and_the_sessions_go_on(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    engine = make_engine(reliability=ReliabilityConfig(step_retries=1, max_failed_ticks=3))
+async def test_a_step_failing_every_try_stalls_its_frames_and_the_sessions_go_on() -> None:
+    engine = make_engine(reliability=ReliabilityConfig(step_retries=1, max_failed_ticks=3), faulty=True)
     async with engine, engine.session() as a, engine.session() as idle:
         first = await a.step(FRAME)
         tokens_before = a.stats().num_tokens
-        flaky = FlakyStep(engine.core.step, fail=2)  # the try and the retry
-        monkeypatch.setattr(engine.core, "step", flaky)
+        faults(engine).fail_steps(2)  # the try and the retry
         with pytest.raises(EngineStalled) as info:
             await a.step(FRAME)
         err = info.value
@@ -79,12 +70,13 @@ async def test_a_step_failing_every_try_stalls_its_frames_and_the_sessions_go_on
         assert (stats.step_failures, stats.failed_ticks, stats.failed) == (2, 1, False)
 
 
-async def test_repeated_step_failures_shut_the_engine_down_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = make_engine(reliability=ReliabilityConfig(step_retries=0, max_failed_ticks=2))
+async def test_repeated_step_failures_shut_the_engine_down_cleanly() -> None:
+    engine = make_engine(reliability=ReliabilityConfig(step_retries=0, max_failed_ticks=2), faulty=True)
+    before = set(engine_threads())
     async with engine:
         a, b = engine.try_session(), engine.try_session()
         await a.step(FRAME)
-        monkeypatch.setattr(engine.core, "step", FlakyStep(engine.core.step, fail=1000))
+        faults(engine).fail_steps(1000)
         with pytest.raises(EngineStalled, match="step failed"):
             await a.step(FRAME)
         await a.send(FRAME)
@@ -105,17 +97,17 @@ async def test_repeated_step_failures_shut_the_engine_down_cleanly(monkeypatch: 
         assert engine.core.pool_stats().used_blocks == 0  # every block came back
         with pytest.raises(EngineStalled, match="shut down"):
             engine.try_session()
-    assert engine._worker.thread is None  # the core thread was stopped and joined
+    assert set(engine_threads()) <= before  # the core thread was stopped and joined
 
 
 async def test_a_session_with_non_finite_logits_is_broken_and_the_others_keep_their_beat() -> None:
-    engine = make_engine(num_blocks=64)
+    engine = make_engine(num_blocks=64, faulty=True)
     async with engine, engine.session() as a, engine.session() as bad, engine.session() as c:
         for s in (a, bad, c):
             await s.step(FRAME)
-        poison(engine.core, bad._seq_id)  # type: ignore[arg-type]
+        faults(engine).poison(POISON)
         for s in (a, bad, c):
-            await s.send(FRAME)
+            await s.send(InputFrame.from_tokens([POISON]) if s is bad else FRAME)
         assert (await a.receive()).tokens
         with pytest.raises(SessionBroken) as info:
             await bad.receive()
@@ -127,44 +119,23 @@ async def test_a_session_with_non_finite_logits_is_broken_and_the_others_keep_th
             assert all([(await a.step(FRAME)).tokens, (await c.step(FRAME)).tokens])
         stats = engine.stats()
         assert (stats.broken, stats.sessions) == (1, 2)  # its admission slot is free again
-        core = engine.core
-        assert core.pool_stats().used_blocks == core.sequence_blocks(a._seq_id) + core.sequence_blocks(c._seq_id)  # type: ignore[arg-type]
+        assert engine.core.pool_stats().used_blocks == a.stats().num_blocks + c.stats().num_blocks
         await bad.aclose()  # closing a broken session is harmless
     assert engine.core.pool_stats().used_blocks == 0
-
-
-class HeldStep:
-    """Wraps ``core.step``: a call blocks until ``release`` is set (a hung kernel)."""
-
-    def __init__(self, real: object) -> None:
-        self.real = real
-        self.entered = threading.Event()
-        self.release = threading.Event()
-        self.returned = threading.Event()
-
-    def __call__(self, requests: Sequence[StepRequest]) -> list[StepOutput]:
-        self.entered.set()
-        self.release.wait(30)
-        try:
-            return self.real(requests)  # type: ignore[operator,no-any-return]
-        finally:
-            self.returned.set()
 
 
 WATCHED = TimingConfig(period=0.001, deadline=0.02, max_chunk_tokens=8)
 
 
-async def test_the_watchdog_answers_a_stuck_step_at_once_and_the_engine_recovers(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_the_watchdog_answers_a_stuck_step_at_once_and_the_engine_recovers() -> None:
     engine = make_engine(
-        timing=WATCHED, reliability=ReliabilityConfig(watchdog=2.0, watchdog_floor=0.0, max_failed_ticks=1000)
+        timing=WATCHED,
+        reliability=ReliabilityConfig(watchdog=2.0, watchdog_floor=0.0, max_failed_ticks=1000),
+        faulty=True,
     )
     async with engine, engine.session() as a, engine.session() as late:
         await a.step(FRAME)
-        real = engine.core.step
-        held = HeldStep(real)
-        monkeypatch.setattr(engine.core, "step", held)
+        held = faults(engine).hold()
         await a.send(FRAME)
         with pytest.raises(EngineStalled) as info:
             await a.receive()
@@ -180,26 +151,26 @@ async def test_the_watchdog_answers_a_stuck_step_at_once_and_the_engine_recovers
 
         held.release.set()  # the step comes back: its result is kept, its output is not delivered twice
         await anyio.to_thread.run_sync(held.returned.wait, 10)
-        monkeypatch.setattr(engine.core, "step", real)
         out = await a.step(FRAME)
         assert out.tokens and out.index == 2
         assert (await late.step(FRAME)).tokens
         assert not engine.stats().failed
 
 
-async def test_a_step_stuck_for_good_shuts_the_engine_down_and_abandons_its_thread(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_a_step_stuck_for_good_shuts_the_engine_down_and_abandons_its_thread() -> None:
     engine = make_engine(
-        timing=WATCHED, reliability=ReliabilityConfig(watchdog=2.0, watchdog_floor=0.0, max_failed_ticks=3)
+        timing=WATCHED,
+        reliability=ReliabilityConfig(watchdog=2.0, watchdog_floor=0.0, max_failed_ticks=3),
+        faulty=True,
     )
-    held = HeldStep(None)
+    before = set(engine_threads())
+    held = None
     try:
         async with engine, engine.session() as a, engine.session() as b:
             await a.step(FRAME)
-            thread = engine._worker.thread
-            assert thread is not None and thread.daemon  # an abandoned thread never blocks process exit
-            monkeypatch.setattr(engine.core, "step", held)
+            [thread] = set(engine_threads()) - before
+            assert thread.daemon  # an abandoned thread never blocks process exit
+            held = faults(engine).hold(forever=True)
             await a.send(FRAME)
             await b.send(FRAME)
             errors = []
@@ -216,27 +187,27 @@ async def test_a_step_stuck_for_good_shuts_the_engine_down_and_abandons_its_thre
         # leaving `async with` did not wait for the stuck thread either
         assert thread.is_alive() and not held.returned.is_set()
     finally:
-        held.release.set()  # let the thread finish, so that it exits
+        if held is not None:
+            held.release.set()  # let the thread finish, so that it exits
     thread.join(10)
     assert not thread.is_alive()
 
 
-async def test_closing_the_engine_during_a_stuck_step_returns_without_the_step(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
+async def test_closing_the_engine_during_a_stuck_step_returns_without_the_step() -> None:
     engine = make_engine(
-        timing=WATCHED, reliability=ReliabilityConfig(watchdog=2.0, watchdog_floor=0.0, max_failed_ticks=1000)
+        timing=WATCHED,
+        reliability=ReliabilityConfig(watchdog=2.0, watchdog_floor=0.0, max_failed_ticks=1000),
+        faulty=True,
     )
-    held = HeldStep(None)
+    held = faults(engine).hold()
     try:
         async with engine:
             s = engine.try_session()
-            monkeypatch.setattr(engine.core, "step", held)
             await s.send(FRAME)
             await anyio.to_thread.run_sync(held.entered.wait, 10)
             await engine.aclose()  # waits for the watchdog to call the step stuck, not for the step
-            assert not held.returned.is_set() and engine._worker.abandoned
-            with pytest.raises(SessionClosed, match="engine was closed"):
+            assert not held.returned.is_set()  # abandoned, not waited for
+            with pytest.raises(EngineClosed, match="engine was closed"):
                 await s.receive()
     finally:
         held.release.set()

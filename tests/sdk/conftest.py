@@ -4,9 +4,10 @@ from collections.abc import Sequence
 
 import pytest
 
-from metronome_engine import KVPolicy
+from metronome_engine import EngineBackend, KVPolicy
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
 from tests.engine.tiny import VOCAB, tiny_engine
+from tests.support import FaultyBackend
 
 STOP = 1  # the stub tokenizer's end-of-turn token
 _FIRST_CHAR = 3
@@ -43,12 +44,20 @@ def make_engine(
     limit: int | None = None,
     admission: AdmissionConfig | None = None,
     timing: TimingConfig | None = None,
+    faulty: bool = False,
     **kwargs: object,
 ) -> Engine:
-    """An engine over the tiny random Llama, ticking every millisecond with a lax deadline."""
+    """An engine over the tiny random Llama, ticking every millisecond with a lax deadline.
+
+    ``faulty``: serve it through a ``FaultyBackend`` (``engine.core``), to inject faults.
+    """
     if admission is None:
         admission = AdmissionConfig(initial_limit=limit or 16, max_limit=limit or 64, queue_timeout=0.0)
-    core = tiny_engine(policy or KVPolicy.windowed(8, sinks=4), num_blocks=num_blocks, block_size=block_size)
+    core: EngineBackend = tiny_engine(
+        policy or KVPolicy.windowed(8, sinks=4), num_blocks=num_blocks, block_size=block_size
+    )
+    if faulty:
+        core = FaultyBackend(core)
     timing = timing or TimingConfig(period=0.001, deadline=60.0, max_chunk_tokens=8)
     kwargs.setdefault("tokenizer", CharTokenizer())
     return Engine(core=core, timing=timing, admission=admission, **kwargs)  # type: ignore[arg-type]

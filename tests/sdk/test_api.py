@@ -49,8 +49,9 @@ def parse_tree(text: str) -> dict[str, str | None]:
 
 def test_the_exception_tree_in_the_docstring_is_the_real_one() -> None:
     tree = parse_tree(_exceptions.__doc__ or "")
-    assert len(tree) == 11
-    assert set(tree) == set(_exceptions.__all__)
+    assert len(tree) == 14
+    errors = {n for n in _exceptions.__all__ if issubclass(getattr(_exceptions, n), BaseException)}
+    assert set(tree) == errors and set(_exceptions.__all__) - errors == {"StallReason"}
     for name, parent in tree.items():
         cls = getattr(metronome, name)
         expected = getattr(metronome, parent) if parent else Exception
@@ -69,6 +70,18 @@ def test_overloaded_carries_retry_after_limit_and_in_flight() -> None:
     assert isinstance(err, metronome.Overloaded) and isinstance(err, metronome.MetronomeError)
     broken = metronome.SessionBroken("peer gone", session_id=3)
     assert isinstance(broken, metronome.SessionError) and broken.session_id == 3
+
+
+def test_a_full_input_queue_carries_only_retry_after_and_every_error_a_session_id() -> None:
+    full = metronome.InputQueueFull("full", retry_after=0.08, session_id=2)
+    assert isinstance(full, metronome.Overloaded) and full.retry_after == 0.08
+    assert not hasattr(full, "limit") and not hasattr(full, "in_flight")
+    assert metronome.MetronomeError("x").session_id is None
+    assert metronome.EngineClosed("closed", session_id=4).session_id == 4
+    stalled = metronome.EngineStalled("full", reason="pool_exhausted")  # type: ignore[arg-type]
+    assert stalled.reason is metronome.StallReason.POOL_EXHAUSTED and stalled.reason == "pool_exhausted"
+    with pytest.raises(ValueError):
+        metronome.EngineStalled("?", reason="a free string")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

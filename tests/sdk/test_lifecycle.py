@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from metronome_engine import StepOutput, StepRequest
-from metronome_sdk import EngineStalled, InputFrame, SessionClosed
+from metronome_sdk import EngineClosed, EngineStalled, InputFrame, SessionClosed
 from tests.sdk.conftest import make_engine
 
 pytestmark = pytest.mark.timeout(60)
@@ -53,7 +53,7 @@ async def test_cancelled_mid_step_closes_the_session_cleanly(monkeypatch: pytest
             assert (await again.step(FRAME)).tokens
 
 
-async def test_closing_the_engine_ends_every_session_with_session_closed() -> None:
+async def test_closing_the_engine_ends_every_session_with_engine_closed() -> None:
     engine = make_engine()
     async with engine:
         a = engine.try_session()
@@ -64,7 +64,7 @@ async def test_closing_the_engine_ends_every_session_with_session_closed() -> No
         async def wait_for_output() -> None:
             try:
                 await b.receive()
-            except SessionClosed as exc:
+            except EngineClosed as exc:
                 waiting.append(exc)
 
         async with anyio.create_task_group() as tg:
@@ -75,16 +75,16 @@ async def test_closing_the_engine_ends_every_session_with_session_closed() -> No
 
         for s in (a, b):
             assert s.closed
-            with pytest.raises(SessionClosed, match="engine was closed"):
+            with pytest.raises(EngineClosed, match="engine was closed"):
                 await s.step(FRAME)
-            with pytest.raises(SessionClosed):
+            with pytest.raises(EngineClosed):
                 await s.receive()
-            with pytest.raises(SessionClosed):
+            with pytest.raises(EngineClosed):
                 async for _ in s:
                     pass
-        with pytest.raises(SessionClosed):
+        with pytest.raises(EngineClosed):
             engine.try_session()
-        with pytest.raises(SessionClosed):
+        with pytest.raises(EngineClosed):
             async with engine.session():
                 pass
         assert engine.core.pool_stats().used_blocks == 0

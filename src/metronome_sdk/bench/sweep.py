@@ -23,10 +23,9 @@ import anyio
 
 from metronome_engine import EngineCore
 from metronome_engine.model import LlamaModel
+from metronome_sdk import AdmissionConfig, Engine, TimingConfig
 
 from .._admission import percentile
-from .._config import AdmissionConfig, TimingConfig
-from .._engine import Engine
 from .workload import (
     Policy,
     SessionPlan,

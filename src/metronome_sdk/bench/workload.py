@@ -24,12 +24,17 @@ import torch
 
 from metronome_engine import KVPolicy, ModelConfig
 from metronome_engine.model import LlamaModel
-
-from .._engine import Engine
-from .._exceptions import AdmissionRejected, EngineError, EngineStalled, SessionClosed
-from .._frames import InputFrame
-from .._session import Session
-from .._stats import TickReport
+from metronome_sdk import (
+    AdmissionRejected,
+    Engine,
+    EngineClosed,
+    EngineError,
+    EngineStalled,
+    InputFrame,
+    Session,
+    SessionClosed,
+    TickReport,
+)
 
 Policy = Literal["full", "window"]
 
@@ -334,7 +339,8 @@ async def _send_together(sessions: list[Session], frame: InputFrame) -> None:
 
 
 async def _send(session: Session, frame: InputFrame) -> None:
-    with contextlib.suppress(SessionClosed):  # closed since the round's check: its reader records the rest
+    # closed since the round's check: its reader records the rest
+    with contextlib.suppress(SessionClosed, EngineClosed):
         await session.send(frame)
 
 
@@ -353,6 +359,8 @@ async def _read(s: _Live, trace: WorkloadTrace, record: SessionRecord, clock: Ca
                 break
             try:
                 out = await s.session.receive()
+            except EngineClosed:
+                raise
             except EngineError as exc:
                 frame = _next_unanswered(s)
                 if frame is not None:
@@ -364,7 +372,7 @@ async def _read(s: _Live, trace: WorkloadTrace, record: SessionRecord, clock: Ca
             if frame is not None:
                 frame.outcome = "empty" if out.empty else "ok"
                 frame.latency = out.latency
-    except SessionClosed:
+    except (SessionClosed, EngineClosed):
         return
     await _close(s, trace, clock, record)
 

@@ -25,7 +25,7 @@ from typing import Any
 from aiohttp import web
 
 from .._engine import Engine
-from .._exceptions import MetronomeError, Overloaded, SessionBroken, SessionClosed
+from .._exceptions import EngineClosed, MetronomeError, Overloaded, SessionBroken, SessionClosed
 from .._log import get_logger
 from .._session import Session
 from ..transports._base import Transport
@@ -337,7 +337,7 @@ class WebRTCServer:
             session = self.engine.try_session(self.config.system_prompt)
         except Overloaded as exc:
             return _refuse(503, "admission_rejected", str(exc), _retry_after(exc.retry_after))
-        except SessionClosed as exc:
+        except (EngineClosed, SessionClosed) as exc:
             return _refuse(503, "engine_closed", str(exc), _retry_after(self.config.busy_retry_after))
         peer = WebRTCPeer(
             media_timeout=self.config.media_timeout, max_buffered=self.config.max_buffered, session_id=session.id

@@ -1,0 +1,198 @@
+"""Every count the engine keeps, kept here once: the engine's totals, the session's, and Prometheus.
+
+One method per event, so an event is counted in one call, never three times in three
+places: ``stats()`` reads the totals, ``Session.stats()`` the session's counts, and the
+Prometheus registry (``EngineMetrics``) is updated in the same call.
+
+The growth rate ``r`` and ``t_sat`` are kept here too, in one unit: blocks. ``r`` is the KV
+blocks one session adds per second; ``t_sat = free_blocks / (N * r)`` is the first-order time
+until the pool is full (docs/concepts.md gives the same formula as a share of the pool).
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections import deque
+
+from metronome_engine import PoolStats
+
+from ._admission import AIMDAdmitter, percentile
+from ._channel import SessionCounts
+from ._metrics import EngineMetrics
+from ._state import Shared
+from ._stats import EngineStats
+
+__all__: list[str] = []  # internal: Counters, Fault
+
+_LATENCY_WINDOW = 4096  # frames the latency percentiles in stats() look back over
+_GROWTH_WINDOW = 64  # ticks the growth rate r is measured over
+
+
+class Fault(enum.Enum):
+    """The kinds of fault counted (the ``kind`` label of ``metronome_faults_total``)."""
+
+    STEP_FAILED = "step_failed"
+    STEP_STUCK = "step_stuck"
+    NUMERIC_FAULT = "numeric_fault"
+    SHED = "shed"
+    OUTPUT_DROPPED = "output_dropped"
+    INPUT_REFUSED = "input_refused"
+    ENGINE_FAILED = "engine_failed"
+
+
+class Counters:
+    def __init__(self, metrics: EngineMetrics) -> None:
+        self.metrics = metrics
+        self.ticks = 0
+        self.frames = 0
+        self.deadline_misses = 0
+        self.stalls = 0
+        self.admitted = 0
+        self.rejected = 0
+        self.step_failures = 0  # step attempts that raised, retried ones included
+        self.failed_ticks = 0
+        self.failed_in_row = 0
+        self.stuck_steps = 0
+        self.broken = 0
+        self.shed = 0
+        self.outputs_dropped = 0
+        self.latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
+        self._growth: deque[tuple[float, int, int]] = deque(maxlen=_GROWTH_WINDOW)  # (dt, blocks, sessions)
+        self._last_tick_time: float | None = None
+
+    # sessions ------------------------------------------------------------------------------------
+
+    def session_admitted(self, open_sessions: int) -> None:
+        self.admitted += 1
+        self.metrics.admitted.inc()
+        self.metrics.sessions.set(open_sessions)
+
+    def session_rejected(self) -> None:
+        self.rejected += 1
+        self.metrics.rejected.inc()
+
+    def sessions_open(self, n: int) -> None:
+        self.metrics.sessions.set(n)
+
+    # frames --------------------------------------------------------------------------------------
+
+    def frame(self, session: SessionCounts, latency: float, *, missed: bool) -> None:
+        session.frames += 1
+        self.frames += 1
+        self.metrics.frames.inc()
+        self.metrics.frame_latency.observe(latency)
+        self.latencies.append(latency)
+        if missed:
+            session.deadline_misses += 1
+            self.deadline_misses += 1
+            self.metrics.deadline_misses.inc()
+
+    def stall(self, session: SessionCounts) -> None:
+        session.stalls += 1
+        self.stalls += 1
+        self.metrics.stalls.inc()
+
+    def output_dropped(self, session: SessionCounts) -> None:
+        session.outputs_dropped += 1
+        self.fault(Fault.OUTPUT_DROPPED)
+
+    # faults --------------------------------------------------------------------------------------
+
+    def fault(self, kind: Fault, n: int = 1) -> None:
+        match kind:
+            case Fault.STEP_FAILED:
+                self.step_failures += n
+            case Fault.STEP_STUCK:
+                self.stuck_steps += n
+            case Fault.NUMERIC_FAULT:
+                self.broken += n
+            case Fault.SHED:
+                self.shed += n
+            case Fault.OUTPUT_DROPPED:
+                self.outputs_dropped += n
+            case Fault.INPUT_REFUSED | Fault.ENGINE_FAILED:
+                pass  # Prometheus only
+        self.metrics.faults.labels(kind.value).inc(n)
+
+    def tick_failed(self) -> None:
+        self.failed_ticks += 1
+        self.failed_in_row += 1
+
+    def tick_succeeded(self) -> None:
+        self.failed_in_row = 0
+
+    # ticks and the pool --------------------------------------------------------------------------
+
+    def tick(self, done: float, grown_blocks: int, sessions: int) -> int:
+        """Count a tick whose step returned at ``done``; returns its number."""
+        if self._last_tick_time is not None:
+            self._growth.append((done - self._last_tick_time, grown_blocks, sessions))
+        self._last_tick_time = done
+        n = self.ticks
+        self.ticks += 1
+        return n
+
+    def pool(self, pool: PoolStats) -> None:
+        self.metrics.occupancy.set(pool.occupancy)
+
+    def limit(self, limit: int) -> None:
+        self.metrics.limit.set(limit)
+
+    def growth_rate(self) -> float:
+        """``r``: KV blocks one session adds per second, over the last ticks."""
+        session_seconds = sum(dt * n for dt, _, n in self._growth)
+        if session_seconds <= 0:
+            return 0.0
+        return max(0.0, sum(g for _, g, _ in self._growth) / session_seconds)
+
+    def t_sat(self, pool: PoolStats, sessions: int, *, bounded: bool) -> float | None:
+        """Seconds until the pool is full at the current growth, ``free_blocks / (N * r)``; ``None``: never."""
+        if bounded:
+            return None  # bounded sessions: the memory guard keeps the pool from ever filling
+        r = self.growth_rate()
+        if r <= 0 or sessions == 0:
+            return None
+        return max(0.0, (pool.num_blocks - pool.used_blocks) / (sessions * r))
+
+    def publish_t_sat(self, t_sat: float | None) -> None:
+        self.metrics.t_sat.set(math.inf if t_sat is None else t_sat)
+
+    def latency(self, q: float) -> float | None:
+        lat = list(self.latencies)
+        return percentile(lat, q) if lat else None
+
+    def snapshot(
+        self, shared: Shared | None, admitter: AIMDAdmitter | None, *, deadline: float, initial_limit: int, failed: bool
+    ) -> EngineStats:
+        """``Engine.stats()``: these counts beside the pool and the admission cap (``None`` before start)."""
+        pool = shared.pool if shared is not None else PoolStats(num_blocks=1, used_blocks=0, block_size=1, sequences=0)
+        sessions = len(shared.slots) if shared is not None else 0
+        guard_limit = admitter.guard.limit if admitter is not None and admitter.guard is not None else None
+        return EngineStats(
+            sessions=sessions,
+            limit=admitter.limit if admitter is not None else initial_limit,
+            memory_limit=guard_limit,
+            admitted=self.admitted,
+            rejected=self.rejected,
+            pool_blocks=pool.num_blocks if shared is not None else 0,
+            used_blocks=pool.used_blocks,
+            occupancy=pool.occupancy if shared is not None else 0.0,
+            ticks=self.ticks,
+            frames=self.frames,
+            latency_p50=self.latency(0.5),
+            latency_p95=self.latency(0.95),
+            latency_p99=self.latency(0.99),
+            deadline=deadline,
+            deadline_misses=self.deadline_misses,
+            stalls=self.stalls,
+            growth_rate=self.growth_rate(),
+            t_sat=self.t_sat(pool, sessions, bounded=shared is None or shared.session_blocks is not None),
+            step_failures=self.step_failures,
+            failed_ticks=self.failed_ticks,
+            stuck_steps=self.stuck_steps,
+            broken=self.broken,
+            shed=self.shed,
+            outputs_dropped=self.outputs_dropped,
+            failed=failed,
+        )

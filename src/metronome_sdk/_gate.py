@@ -1,0 +1,97 @@
+"""Admission at the door: admit a session into a slot, wait for room, or refuse it.
+
+The AIMD cap and the memory guard decide (``_admission.py``); the gate applies their answer
+to a session that wants in: a ``Slot`` in the engine's admitted set, or ``AdmissionRejected``
+with ``retry_after``. ``room()`` is fired whenever a place may have opened (a session closed,
+the cap rose), so waiting sessions try again.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import anyio
+
+from metronome_engine import SamplingParams
+
+from ._admission import AIMDAdmitter
+from ._channel import SessionChannel
+from ._counters import Counters
+from ._encoding import InputEncoder
+from ._exceptions import AdmissionRejected
+from ._log import get_logger
+from ._signal import Signal
+from ._state import Shared, Slot
+
+__all__: list[str] = []  # internal: Gate
+
+
+class Gate:
+    def __init__(self, shared: Shared, admitter: AIMDAdmitter, counters: Counters, encoder: InputEncoder) -> None:
+        self.shared = shared
+        self.admitter = admitter
+        self.counters = counters
+        self.encoder = encoder
+        self._room = Signal()
+        self._log = get_logger()
+
+    def room(self) -> None:
+        """A place may have opened: sessions waiting at the door try again."""
+        self._room.fire()
+
+    async def wait(
+        self,
+        channel: SessionChannel,
+        system_prompt: str | None,
+        sampling: SamplingParams | None,
+        log: Any,
+        timeout: float,
+    ) -> Slot:
+        """Admit, waiting up to ``timeout`` seconds (real time) for room; else ``AdmissionRejected``."""
+        if timeout < 0 or not math.isfinite(timeout):
+            raise ValueError(f"timeout must be a finite number >= 0 (seconds), got {timeout!r}")
+        with anyio.move_on_after(timeout):
+            while (slot := self.try_admit(channel, system_prompt, sampling, log)) is None:
+                await self._room.wait()
+            return slot
+        raise self.reject(channel.session_id)
+
+    def admit_nowait(
+        self, channel: SessionChannel, system_prompt: str | None, sampling: SamplingParams | None, log: Any
+    ) -> Slot:
+        slot = self.try_admit(channel, system_prompt, sampling, log)
+        if slot is None:
+            raise self.reject(channel.session_id)
+        return slot
+
+    def try_admit(
+        self, channel: SessionChannel, system_prompt: str | None, sampling: SamplingParams | None, log: Any
+    ) -> Slot | None:
+        shared, admitter = self.shared, self.admitter
+        if not admitter.admits(len(shared.slots), free_blocks=shared.pool.num_blocks - shared.pool.used_blocks):
+            return None
+        slot = Slot(channel.session_id, channel, sampling, log)
+        if system_prompt is not None:
+            slot.prefix = self.encoder.system(system_prompt)
+            slot.rendered = True
+        shared.slots[slot.session_id] = slot
+        self.counters.session_admitted(len(shared.slots))
+        log.info("admission.admitted", in_flight=len(shared.slots), limit=admitter.limit)
+        return slot
+
+    def reject(self, session_id: int) -> AdmissionRejected:
+        admitter = self.admitter
+        admitter.record_rejection()
+        self.counters.session_rejected()
+        limit, in_flight, retry_after = admitter.limit, len(self.shared.slots), admitter.retry_after()
+        self._log.warning(
+            "admission.rejected", session_id=session_id, limit=limit, in_flight=in_flight, retry_after=retry_after
+        )
+        return AdmissionRejected(
+            f"the engine is at its session cap ({in_flight} of {limit} open); retry after {retry_after:.2f} s",
+            retry_after=retry_after,
+            limit=limit,
+            in_flight=in_flight,
+            session_id=session_id,
+        )

@@ -1,0 +1,51 @@
+"""Loading the embedded engine: the model and tokenizer an ``EngineConfig`` names, shared per process.
+
+Runs on the engine's core thread (loading takes seconds; the event loop never waits on it).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from metronome_engine import EngineCore
+
+from ._codec import TextTokenizer
+from ._config import EngineConfig
+
+__all__: list[str] = []  # internal: load_core, load_tokenizer
+
+
+@functools.lru_cache(maxsize=4)
+def _shared_model(model: str, device: str, path: str) -> Any:
+    # weights are read-only at inference: engines of the same model share them. One copy
+    # per engine path ("auto" resolved first): the fused kernels pack the weights in place,
+    # where the torch path cannot read them
+    from metronome_engine.weights import load_model
+
+    return load_model(model, device=device)
+
+
+@functools.lru_cache(maxsize=4)
+def load_tokenizer(model: str) -> TextTokenizer:
+    from metronome_engine.tokenizer import Tokenizer
+
+    return Tokenizer(model)
+
+
+def load_core(cfg: EngineConfig) -> EngineCore:
+    import torch
+
+    from metronome_engine.engine import resolve_kernels
+
+    path = resolve_kernels(cfg.kernels, torch.device(cfg.device))
+    model = _shared_model(cfg.model, cfg.device, path)
+    pool = cfg.pool_size()
+    return EngineCore(
+        model,
+        policy=cfg.kv_policy(),
+        num_blocks=pool.get("num_blocks"),
+        memory_bytes=pool.get("memory_bytes"),
+        block_size=cfg.block_size,
+        kernels=path,  # resolved above: the engine need not resolve "auto" again
+    )

@@ -1,0 +1,47 @@
+"""The state the engine's parts share: each admitted session's slot, the core, the pool.
+
+A ``Slot`` is the engine's record of one admitted session: its sequence in the core and its
+KV numbers. The session's queues live in its ``SessionChannel``; the slot is the engine-side
+half, which only the engine, its tick loop and its delivery write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from metronome_engine import EngineBackend, PoolStats, SamplingParams
+
+from ._channel import SessionChannel
+from ._worker import CoreThread
+
+__all__: list[str] = []  # internal: Slot, Shared
+
+
+@dataclass(slots=True, eq=False)
+class Slot:
+    session_id: int
+    channel: SessionChannel
+    sampling: SamplingParams | None
+    log: Any  # the session's bound logger
+    prefix: list[int] = field(default_factory=list)  # the system prompt, appended with the first frame
+    rendered: bool = False  # the chat template's preamble was sent
+    seq_id: int | None = None  # the core's sequence, opened by the first tick
+    num_tokens: int = 0
+    num_blocks: int = 0
+    # the last output token and its frame's index: appended with the next chunk (the model sees its own reply)
+    feedback: tuple[int, int] | None = None
+    in_tick: bool = False
+    ended: bool = False  # out of the engine's admitted set (closed by either side)
+
+
+@dataclass(slots=True, eq=False)
+class Shared:
+    """What the engine, its tick loop and its delivery all read: one object, not each other's privates."""
+
+    core: EngineBackend
+    worker: CoreThread
+    pool: PoolStats
+    session_blocks: int | None  # a session's bound in blocks; None: unbounded (kv="full")
+    slots: dict[int, Slot] = field(default_factory=dict)  # the admitted sessions, by session id
+    closed: bool = False

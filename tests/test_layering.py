@@ -1,0 +1,153 @@
+"""Imports point one way, and never in a circle.
+
+- ``metronome_engine`` never imports ``metronome_sdk`` (the engine is used and tested alone).
+- No two modules import each other at import time, directly or round a longer circle (imports
+  under ``TYPE_CHECKING`` and inside functions run later, so they close no circle).
+- Benchmarks and evaluations (``metronome_sdk.bench``, ``metronome_sdk.eval``) use the SDK's
+  public names only (``from metronome_sdk import ...``), not its private modules.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = {
+    "metronome_sdk": ROOT / "src" / "metronome_sdk",
+    "metronome_engine": ROOT / "engine_backend" / "metronome_engine",
+}
+# circles known and owned elsewhere: each must go, and this test fails once one does (so it is removed here)
+KNOWN_CYCLES = {
+    # transports._memory takes the audio helpers from voice._audio, which runs voice/__init__, whose agent
+    # imports transports: the helpers belong in a neutral module (issue #20 item 5; voice/ is being rewritten in #19)
+    (
+        "metronome_sdk.transports",
+        "metronome_sdk.transports._memory",
+        "metronome_sdk.voice",
+        "metronome_sdk.voice._agent",
+    ),
+}
+# private helpers the benchmarks still take from the SDK, each with its reason
+PRIVATE_ALLOWED = {
+    ("metronome_sdk.bench.cliff", "metronome_sdk._admission"),  # percentile(): the same estimator as admission's
+    ("metronome_sdk.bench.sweep", "metronome_sdk._admission"),
+}
+
+
+def modules() -> dict[str, Path]:
+    found = {}
+    for package, folder in PACKAGES.items():
+        for path in folder.rglob("*.py"):
+            parts = [package, *path.relative_to(folder).with_suffix("").parts]
+            if parts[-1] == "__init__":
+                parts.pop()
+            found[".".join(parts)] = path
+    return found
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def imports(name: str, path: Path, known: dict[str, Path], *, import_time_only: bool) -> set[str]:
+    """The project modules ``name`` imports (at import time only, or anywhere)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    package = name if path.name == "__init__.py" else name.rsplit(".", 1)[0]
+    found: set[str] = set()
+
+    def add(target: str) -> None:
+        # importing a.b.c runs a, a.b and a.b.c: each is an edge
+        parts = target.split(".")
+        for i in range(1, len(parts) + 1):
+            candidate = ".".join(parts[:i])
+            if candidate in known and candidate != name and not name.startswith(candidate + "."):
+                found.add(candidate)
+
+    def visit(nodes: list[ast.stmt]) -> None:
+        for node in nodes:
+            if isinstance(node, ast.Import):
+                for alias in node.names:
+                    add(alias.name)
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    anchor = package.split(".")
+                    anchor = anchor[: len(anchor) - (node.level - 1)]
+                    base = ".".join([*anchor, base]) if base else ".".join(anchor)
+                add(base)
+                for alias in node.names:
+                    if f"{base}.{alias.name}" in known:
+                        add(f"{base}.{alias.name}")
+            elif isinstance(node, ast.If) and _is_type_checking(node):
+                if not import_time_only:
+                    visit(node.body)
+                visit(node.orelse)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                if not import_time_only:
+                    visit([n for n in ast.walk(node) if isinstance(n, ast.Import | ast.ImportFrom)])
+            elif isinstance(node, ast.ClassDef | ast.If | ast.Try | ast.With):
+                visit([n for n in ast.iter_child_nodes(node) if isinstance(n, ast.stmt)])
+
+    visit(tree.body)
+    return found
+
+
+def graph(*, import_time_only: bool) -> dict[str, set[str]]:
+    known = modules()
+    return {name: imports(name, path, known, import_time_only=import_time_only) for name, path in known.items()}
+
+
+def test_the_engine_never_imports_the_sdk() -> None:
+    edges = graph(import_time_only=False)
+    wrong = {m: sorted(t for t in targets if t.startswith("metronome_sdk")) for m, targets in edges.items()}
+    assert {m: t for m, t in wrong.items() if m.startswith("metronome_engine") and t} == {}
+
+
+def test_no_module_imports_itself_round_a_circle() -> None:
+    edges = graph(import_time_only=True)
+    cycles: list[list[str]] = []
+    state: dict[str, int] = {}  # 1: on the path, 2: done
+    path: list[str] = []
+
+    def dfs(node: str) -> None:
+        state[node] = 1
+        path.append(node)
+        for nxt in sorted(edges.get(node, ())):
+            # a package's __init__ importing its own submodules is how packages work, not a circle
+            if state.get(nxt) == 1 and not node.startswith(nxt + "."):
+                cycles.append([*path[path.index(nxt) :], nxt])
+            elif nxt not in state:
+                dfs(nxt)
+        path.pop()
+        state[node] = 2
+
+    for node in sorted(edges):
+        if node not in state:
+            dfs(node)
+    assert {tuple(c[:-1]) for c in cycles} == KNOWN_CYCLES
+
+
+def test_benchmarks_and_evaluations_use_the_public_sdk() -> None:
+    edges = graph(import_time_only=False)
+    private = {
+        (m, t)
+        for m, targets in edges.items()
+        if m.startswith(("metronome_sdk.bench", "metronome_sdk.eval"))
+        for t in targets
+        if t.startswith("metronome_sdk._")
+    }
+    assert private == PRIVATE_ALLOWED
+
+
+def test_the_graph_sees_the_imports_it_checks() -> None:
+    # the checks above are only as good as the parser: it must find the imports that are there
+    edges = graph(import_time_only=True)
+    assert "metronome_sdk._tick" in edges["metronome_sdk._engine"]
+    assert "metronome_engine" in edges["metronome_sdk._engine"]
+    assert "metronome_sdk._engine" in edges["metronome_sdk._session"]
+    assert "metronome_sdk._session" not in edges["metronome_sdk._engine"]  # only inside Engine.session()
+    assert "metronome_sdk._session" in graph(import_time_only=False)["metronome_sdk._engine"]
