@@ -177,6 +177,10 @@ class AdmissionConfig:
         if self.initial_limit is not None:
             _positive_int("initial_limit", self.initial_limit, "try initial_limit=4, or None to start from measurement")
         _positive_int("session_tokens", self.session_tokens, "a talking session appends one token a tick; try 1")
+        if self.min_limit > self.max_limit:
+            raise ValueError(
+                f"min_limit={self.min_limit} must be <= max_limit={self.max_limit}; lower min_limit or raise max_limit"
+            )
         if self.initial_limit is not None and not self.min_limit <= self.initial_limit <= self.max_limit:
             raise ValueError(
                 f"initial_limit={self.initial_limit} must lie in [min_limit={self.min_limit}, "

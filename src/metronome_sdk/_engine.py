@@ -171,6 +171,7 @@ class Engine:
         self._waited: dict[int, int] = {}  # session id -> ticks in a row it waited on the budget
         self._budget_waits = 0
         self._waiting: list[int] = []  # sessions that waited on the last tick's budget
+        self._budget_now: int | None = None  # the last tick's budget
         self._slow_steps = 0
         self._session_blocks: int | None = None
         self._started = False
@@ -282,10 +283,8 @@ class Engine:
         self._session_blocks = bound
         guard = MemoryGuard(pool_blocks=pool.num_blocks, session_blocks=bound)
         self._cost = StepCost(samples or ())
-        budget = self._tick_budget()
-        measured = None
-        if samples and self._cost.ready and budget is not None:
-            measured = budget // self.admission_config.session_tokens
+        budget, fits = self._tick_budget(), self._measured_tokens()
+        measured = None if fits is None else fits // self.admission_config.session_tokens
         self._admitter = AIMDAdmitter(
             self.admission_config,
             deadline=self.timing.frame_deadline,
@@ -624,9 +623,14 @@ class Engine:
         fixed = self.timing.tick_tokens
         if fixed != "auto":
             return fixed
+        measured = self._measured_tokens()
+        return measured if measured is not None else self.timing.max_chunk_tokens  # unmeasured: one chunk a tick
+
+    def _measured_tokens(self) -> int | None:
+        """The tokens a tick appends within ``step_share`` of the deadline, by the measured cost."""
         cost = self._cost
         if cost is None or not cost.ready:
-            return self.timing.max_chunk_tokens  # nothing measured yet: one chunk a tick
+            return None
         fits = cost.tokens_within(self.timing.step_share * self.timing.frame_deadline)
         # never below one step's fixed cost in tokens: a smaller tick saves little time and wastes the step
         return max(1, fits, min(cost.step_tokens(), self.timing.max_chunk_tokens))
@@ -649,7 +653,8 @@ class Engine:
         cost = self._cost
         step_cost = cost.step_tokens() if cost is not None and cost.ready else 0
         chunk = self.timing.max_chunk_tokens
-        plan = plan_tick(demands, budget=self._tick_budget(), max_chunk=chunk, step_cost=step_cost)
+        self._budget_now = self._tick_budget()
+        plan = plan_tick(demands, budget=self._budget_now, max_chunk=chunk, step_cost=step_cost)
         entries = []
         self._waiting = []
         for sid, (s, head) in heads.items():
@@ -1136,6 +1141,7 @@ class Engine:
                 pool_blocks=self._pool.num_blocks,
                 tokens=tokens,
                 waiting=tuple(self._waiting),
+                tick_tokens=self._budget_now,
             )
             try:
                 self._on_tick(report)

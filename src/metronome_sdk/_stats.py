@@ -76,3 +76,4 @@ class TickReport:
     pool_blocks: int
     tokens: int = 0  # tokens the tick appended (extra decode rounds included)
     waiting: tuple[int, ...] = ()  # ids of sessions with input that waited on the tick's token budget
+    tick_tokens: int | None = None  # the tick's token budget (None: no budget)
