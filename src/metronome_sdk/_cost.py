@@ -16,6 +16,7 @@ from collections.abc import Iterable
 __all__: list[str] = []  # internal: StepCost
 
 _MIN_PER_TOKEN = 1e-6  # seconds: a fit never claims tokens are free
+_ROUNDING = 1e-9  # tokens: a fit's float error must not cost a whole token
 
 
 class StepCost:
@@ -78,11 +79,11 @@ class StepCost:
         """Most tokens one step appends within ``seconds`` (0 when even the fixed cost does not fit)."""
         if seconds <= self.fixed:
             return 0
-        return int((seconds - self.fixed) / self.per_token)
+        return int((seconds - self.fixed) / self.per_token + _ROUNDING)
 
     def step_tokens(self) -> int:
         """The fixed cost of one more step, in tokens: what an extra decode round costs beyond its own tokens."""
-        return math.ceil(self.fixed / self.per_token)
+        return math.ceil(self.fixed / self.per_token - _ROUNDING)
 
     def __repr__(self) -> str:
         fixed, per_token = self.fixed * 1e3, self.per_token * 1e3
