@@ -363,7 +363,11 @@ class ChatServer:
         return web.json_response(body)
 
     async def _stream(
-        self, request: web.Request, req: oai.ChatRequest, pieces: AsyncGenerator[ReplyPiece, None], scope: anyio.CancelScope
+        self,
+        request: web.Request,
+        req: oai.ChatRequest,
+        pieces: AsyncGenerator[ReplyPiece, None],
+        scope: anyio.CancelScope,
     ) -> web.StreamResponse:
         response: web.StreamResponse | None = None
         ident, created = oai.new_id(), int(time.time())
