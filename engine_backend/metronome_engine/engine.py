@@ -150,6 +150,7 @@ class EngineCore:
         else:
             assert memory_bytes is not None
             self.pool = BlockPool.from_budget(memory_bytes, bytes_per_block=bytes_per_block, block_size=block_size)
+        model.config.check_kv_window(policy.window)
         bound = policy.max_blocks(block_size)
         if bound is not None and bound > self.pool.num_blocks:
             raise ValueError(
