@@ -106,7 +106,7 @@ class LlamaModel(nn.Module):
         self.register_buffer("inv_freq", rope_inv_freq(c), persistent=False)
         self.packed = False  # dense weights in the fused kernels' layout (see pack_weights)
         self.tiles = False  # ... and that layout is blocks in AMX tiles
-        # the weights as GGUF blocks, where the loader read them from a GGUF file
+        # the weights as blocks, where the loader read them from a GGUF file or quantized them
         self.block_source: Callable[[], Mapping[str, QuantBlocks]] | None = None
         self.head_scale = self.head_offset = torch.empty(0)
         # every layer's packed weights in decoder_layers' order, listed once by pack_weights:
@@ -118,7 +118,8 @@ class LlamaModel(nn.Module):
         is kept: afterwards the model serves engines with fused kernels only. Idempotent.
 
         With ``tiles`` (the default), where the CPU has AMX tiles and the model came from a
-        GGUF file whose blocks reproduce its float32 weights exactly, each weight becomes its
+        GGUF file or was quantized on load, so that its blocks reproduce its float32 weights
+        exactly, each weight becomes its
         blocks in tiles (``quant.pack_tiles``: a fifth of the bytes). Otherwise, float32
         panels ``[ceil(N / 32), K, 32]`` for a ``[K, N]`` weight."""
         if self.packed:
@@ -143,7 +144,7 @@ class LlamaModel(nn.Module):
         self.fused_weights = self._list_fused_weights()
 
     def _exact_blocks(self) -> dict[str, QuantBlocks] | None:
-        """Each dense layer's GGUF blocks, fused as the model fuses them, if the tiles can
+        """Each dense layer's blocks, fused as the model fuses them, if the tiles can
         run here and every block de-quantizes to exactly the weight the model holds."""
         from . import kernels
 
@@ -159,11 +160,11 @@ class LlamaModel(nn.Module):
         out = {}
         for key, (names, weight) in wanted.items():
             if any(n not in source for n in names):
-                log.info("no GGUF blocks for %s: float32 panels", names[0])
+                log.info("no blocks for %s: float32 panels", names[0])
                 return None
             fused = QuantBlocks.cat([source[n] for n in names])
             if not torch.equal(fused.dequantize().t(), weight):
-                log.warning("GGUF blocks of %s differ from the loaded weights: float32 panels", names[0])
+                log.warning("the blocks of %s differ from the loaded weights: float32 panels", names[0])
                 return None
             out[key] = fused
         return out
