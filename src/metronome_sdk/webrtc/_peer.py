@@ -209,6 +209,20 @@ class WebRTCPeer:
         if not self.closed:
             self.reply.enqueue(samples, sample_rate)
 
+    @property
+    def queued_audio_seconds(self) -> float:
+        """Seconds of speech queued on the reply track, not yet played."""
+        return self.reply.queued_seconds
+
+    def clear_audio(self) -> None:
+        """Cut the speech not yet played (barge-in): the peer hears it stop within a frame (20 ms)."""
+        self.reply.clear()
+
+    @property
+    def gone(self) -> bool:
+        """The peer left (or was shed): nothing sent now reaches it. Not when only its track ended."""
+        return self.ended_by is not None and self.ended_by != "track_ended"
+
     async def send_event(self, event: Event) -> None:
         if self.closed or self.ended_by == "slow_consumer":
             return
