@@ -94,7 +94,7 @@ def sink_pass(
     Reads only the first ``ceil(S / block_size)`` blocks of each request.
     """
     num_tokens, num_heads, head_size = q_sink.shape
-    _, kv_heads, block_size, content = kv_cache.shape
+    _, kv_heads, block_size, _ = kv_cache.shape
     group = num_heads // kv_heads
     sink_blocks = block_table[:, : -(-sinks // block_size)].long()
     kv = _gather_blocks(kv_cache, sink_blocks)[:, :, :sinks]  # [R, kvh, S, C]
@@ -171,7 +171,7 @@ class WindowTiles:
 
 def window_pass(query: Tensor, kv_cache: Tensor, tiles: WindowTiles, *, scale: float) -> tuple[Tensor, Tensor]:
     """Sliding-window attention at stream positions: output ``[T, H, dv]`` and lse ``[H, T]``."""
-    num_tokens, num_heads, head_size = query.shape
+    num_heads, head_size = query.shape[1:]
     kv_heads = kv_cache.shape[1]
     group = num_heads // kv_heads
     rows, qt = tiles.blocks.shape[0], tiles.qt
@@ -180,7 +180,9 @@ def window_pass(query: Tensor, kv_cache: Tensor, tiles: WindowTiles, *, scale: f
     q = query.index_select(0, tiles.query_rows).view(rows, qt, kv_heads, group, head_size)
     q = q.permute(0, 2, 1, 3, 4).reshape(rows, kv_heads, qt * group, head_size)
     length = tiles.bias.shape[-1]
-    bias = tiles.bias.view(rows, 1, qt, 1, length).expand(rows, 1, qt, group, length).reshape(rows, 1, qt * group, length)
+    bias = (
+        tiles.bias.view(rows, 1, qt, 1, length).expand(rows, 1, qt, group, length).reshape(rows, 1, qt * group, length)
+    )
     out, lse = _attend(q, keys, values, bias, scale)
     out = out.view(rows, kv_heads, qt, group, -1).permute(0, 2, 1, 3, 4).reshape(rows * qt, num_heads, -1)
     lse = lse.view(rows, kv_heads, qt, group).permute(0, 2, 1, 3).reshape(rows * qt, num_heads)

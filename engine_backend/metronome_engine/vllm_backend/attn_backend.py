@@ -86,7 +86,7 @@ class SinkWindowTorchMetadata:
     tiles: WindowTiles
 
 
-class SinkWindowTorchBuilder(AttentionMetadataBuilder[SinkWindowTorchMetadata]):
+class SinkWindowTorchBuilder(AttentionMetadataBuilder[SinkWindowTorchMetadata]):  # type: ignore[misc]
     _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
 
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
@@ -121,7 +121,7 @@ class SinkWindowTorchBuilder(AttentionMetadataBuilder[SinkWindowTorchMetadata]):
         )
 
 
-class SinkWindowTorchImpl(AttentionImpl[SinkWindowTorchMetadata]):
+class SinkWindowTorchImpl(AttentionImpl[SinkWindowTorchMetadata]):  # type: ignore[misc]
     def __init__(
         self,
         num_heads: int,
@@ -172,11 +172,13 @@ class SinkWindowTorchImpl(AttentionImpl[SinkWindowTorchMetadata]):
         _merge_sinks(output, out_w.to(output.dtype), lse_w, q_sink, kv_cache, md, self)
         return output
 
-    def do_kv_cache_update(self, layer: Any, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor) -> None:
+    def do_kv_cache_update(
+        self, layer: Any, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
         write_kv(kv_cache, key, value, slot_mapping)
 
 
-class SinkWindowTorchBackend(AttentionBackend):
+class SinkWindowTorchBackend(AttentionBackend):  # type: ignore[misc]
     """Sinks + window attention in batched torch ops over any KV cache layout."""
 
     forward_includes_kv_cache_update = False
@@ -205,8 +207,8 @@ class SinkWindowTorchBackend(AttentionBackend):
 
 def _flash_backend() -> type[AttentionBackend]:
     """Built on first use: vLLM's FlashAttention module imports CUDA-only kernels."""
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
     from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
 
     class SinkWindowFlashImpl(FlashAttentionImpl):  # type: ignore[misc]
         def __init__(self, *args: Any, sink_tokens: int = 0, **kwargs: Any) -> None:
@@ -236,7 +238,7 @@ def _flash_backend() -> type[AttentionBackend]:
             n = md.num_actual_tokens
             q, q_sink = _split_query(query, n, self.num_heads, self.sink_tokens)
             # (B, H, N, 2*D) -> ((B, N, H, D), (B, N, H, D)): the view's strides carry the layout
-            key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)
+            key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)  # type: ignore[no-untyped-call]
             out_w = torch.empty_like(output[:n])
             descale = (md.query_start_loc.shape[0] - 1, self.num_kv_heads)
             _, lse_w = flash_attn_varlen_func(
@@ -278,7 +280,7 @@ def _flash_backend() -> type[AttentionBackend]:
 _flash: type[AttentionBackend] | None = None
 
 
-def SinkWindowFlashBackend() -> type[AttentionBackend]:  # noqa: N802 - stands for the class it returns
+def SinkWindowFlashBackend() -> type[AttentionBackend]:
     global _flash
     if _flash is None:
         _flash = _flash_backend()

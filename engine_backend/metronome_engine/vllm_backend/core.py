@@ -226,6 +226,12 @@ class VLLMEngineCore:
         free = self._kv.block_pool.get_num_free_blocks()
         return PoolStats(self.num_blocks, self.num_blocks - free, self.block_size, len(self._seqs))
 
+    @property
+    def kv_cache_layout(self) -> str | None:
+        """The physical KV cache layout vLLM resolved: ``"LBNHC"`` is NHD, ``"LBHNC"`` HND."""
+        layout = self._core.vllm_config.cache_config.kv_cache_layout
+        return None if layout is None else str(layout)
+
     def vllm_stats(self) -> VLLMStats:
         running, waiting = self._scheduler.get_request_counts()
         return VLLMStats(
@@ -362,7 +368,9 @@ class VLLMEngineCore:
         if not self._policy.bounded or seq.evicted:
             return length
         assert self._policy.window is not None
-        gap = gap_blocks(seq.num_tokens, window=self._policy.window, sinks=self._policy.sinks, block_size=self.block_size)
+        gap = gap_blocks(
+            seq.num_tokens, window=self._policy.window, sinks=self._policy.sinks, block_size=self.block_size
+        )
         return length - max(0, min(gap.stop, length) - gap.start)
 
     def _blocks_needed(self, seq: _Seq, n: int) -> int:

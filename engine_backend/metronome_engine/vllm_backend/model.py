@@ -89,9 +89,9 @@ class SinkWindowLlamaAttention(LlamaAttention):  # type: ignore[misc]
         self.sinks = int(config.metronome_sinks)
         vllm_config = get_current_vllm_config()
         # LlamaAttention built a stock Attention under this name: replace it by the sinks + window one
-        name = self.attn.layer_name
+        old: Any = self._modules["attn"]  # nn.Module keeps submodules here
+        name = old.layer_name
         del vllm_config.compilation_config.static_forward_context[name]
-        old = self.attn
         self.attn = SinkWindowAttention(
             old.num_heads,
             old.head_size,
