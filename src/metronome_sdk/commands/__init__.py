@@ -10,7 +10,17 @@ from .bench_sweep import BENCH_SWEEP
 from .demo import DEMO
 from .eval_ppl import EVAL_PPL
 from .eval_quality import EVAL_QUALITY
+from .eval_voice import EVAL_VOICE
 
 __all__ = ["COMMANDS", "Command"]
 
-COMMANDS: tuple[Command, ...] = (DEMO, EVAL_PPL, EVAL_QUALITY, BENCH_STEP, BENCH_CLIFF, BENCH_SWEEP, BENCH_ADMIT)
+COMMANDS: tuple[Command, ...] = (
+    DEMO,
+    EVAL_PPL,
+    EVAL_QUALITY,
+    EVAL_VOICE,
+    BENCH_STEP,
+    BENCH_CLIFF,
+    BENCH_SWEEP,
+    BENCH_ADMIT,
+)
