@@ -145,7 +145,7 @@ class VoiceAgent:
         max_reply_tokens: int = 48,
         stats_interval: float = 0.5,
         turn_gap: float = 0.5,
-        barge_in: float | None = 0.1,
+        barge_in: float | None = 0.06,
     ) -> None:
         if not isinstance(stt, SpeechToText):
             raise ValueError(f"stt must have transcribe(samples, sample_rate), got {stt!r}")
