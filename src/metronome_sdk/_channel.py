@@ -80,9 +80,10 @@ class SessionChannel:
     inputs: deque[Pending] = field(default_factory=deque)
     _results: deque[tuple[int | None, Result]] = field(default_factory=deque)
     _withdrawn: set[int] = field(default_factory=set)  # in a tick: their results are discarded on arrival
-    # frames whose output token is in the session's context though the reader has not taken it yet
-    # (the engine appends a reply token with the next frame; a pipelining sender gets ahead of its reader)
-    _ahead: set[int] = field(default_factory=set)
+    # unread results' tokens already in the session's context, by frame: a frame decoding several
+    # tokens appends all but its last in its own tick, and the last goes in with the next frame
+    # (a pipelining sender gets ahead of its reader)
+    _in_context: dict[int, int] = field(default_factory=dict)
     untrimmed: int = 0  # reply tokens withdrawn unread though in the context (since the last interrupt)
     reply: list[int] = field(default_factory=list)  # tokens the reader took since the last input frame
     _changed: Signal = field(default_factory=Signal)  # a result arrived, or the state changed
@@ -127,7 +128,7 @@ class SessionChannel:
     def feedback_appended(self, index: int) -> None:
         """Frame ``index``'s output token goes into the context with this tick's chunk."""
         if self.is_unread(index):
-            self._ahead.add(index)
+            self._in_context[index] = self._in_context.get(index, 0) + 1
 
     def put(self, index: int | None, item: Result) -> Put:
         """Hand a result to the reader within the bounded output queue."""
@@ -138,7 +139,9 @@ class SessionChannel:
             return Put.DELIVERED
         if not self.drop_oldest:
             return Put.OVERFLOW
-        self._results.popleft()
+        tag, _ = self._results.popleft()
+        if tag is not None:
+            self._count_untrimmed(tag)
         self._append(index, item)
         return Put.DROPPED_OLDEST
 
@@ -154,6 +157,9 @@ class SessionChannel:
 
     def _append(self, index: int | None, item: Result) -> None:
         self._results.append((index, item))
+        tokens = _output_tokens(item)
+        if index is not None and len(tokens) > 1:
+            self._in_context[index] = len(tokens) - 1
         self._notify()
 
     # the reader's end ----------------------------------------------------------------------------
@@ -167,10 +173,9 @@ class SessionChannel:
         for i, (tag, item) in enumerate(self._results):
             if index is None or tag == index or tag is None:
                 del self._results[i]
-                self._ahead.discard(tag)  # type: ignore[arg-type]
-                output = item.output if isinstance(item, DeadlineMissed) else item
-                if isinstance(output, OutputFrame):
-                    self.reply.extend(output.tokens)
+                if tag is not None:
+                    self._in_context.pop(tag, None)
+                self.reply.extend(_output_tokens(item))
                 return item
         return None
 
@@ -232,10 +237,13 @@ class SessionChannel:
         return gone
 
     def _count_untrimmed(self, index: int) -> None:
-        if index in self._ahead:
-            self._ahead.discard(index)
-            self.untrimmed += 1
+        self.untrimmed += self._in_context.pop(index, 0)
 
     def _notify(self) -> None:
         self._changed.fire()
         self._room.fire()
+
+
+def _output_tokens(item: Result) -> tuple[int, ...]:
+    output = item.output if isinstance(item, DeadlineMissed) else item
+    return output.tokens if isinstance(output, OutputFrame) else ()

@@ -34,6 +34,7 @@ class Fault(enum.Enum):
 
     STEP_FAILED = "step_failed"
     STEP_STUCK = "step_stuck"
+    STEP_SLOW = "step_slow"  # past the watchdog's limit, within its tokens' measured cost: load was shed
     NUMERIC_FAULT = "numeric_fault"
     SHED = "shed"
     OUTPUT_DROPPED = "output_dropped"
@@ -57,6 +58,8 @@ class Counters:
         self.broken = 0
         self.shed = 0
         self.outputs_dropped = 0
+        self.slow_steps = 0
+        self.budget_waits = 0  # session-ticks a frame waited because the tick's budget was spent
         self.latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
         self._growth: deque[tuple[float, int, int]] = deque(maxlen=_GROWTH_WINDOW)  # (dt, blocks, sessions)
         self._last_tick_time: float | None = None
@@ -105,6 +108,8 @@ class Counters:
                 self.step_failures += n
             case Fault.STEP_STUCK:
                 self.stuck_steps += n
+            case Fault.STEP_SLOW:
+                self.slow_steps += n
             case Fault.NUMERIC_FAULT:
                 self.broken += n
             case Fault.SHED:
@@ -114,6 +119,9 @@ class Counters:
             case Fault.INPUT_REFUSED | Fault.ENGINE_FAILED:
                 pass  # Prometheus only
         self.metrics.faults.labels(kind.value).inc(n)
+
+    def budget_wait(self) -> None:
+        self.budget_waits += 1
 
     def tick_failed(self) -> None:
         self.failed_ticks += 1
@@ -163,7 +171,14 @@ class Counters:
         return percentile(lat, q) if lat else None
 
     def snapshot(
-        self, shared: Shared | None, admitter: AIMDAdmitter | None, *, deadline: float, initial_limit: int, failed: bool
+        self,
+        shared: Shared | None,
+        admitter: AIMDAdmitter | None,
+        *,
+        deadline: float,
+        initial_limit: int,
+        failed: bool,
+        tick_tokens: int | None,
     ) -> EngineStats:
         """``Engine.stats()``: these counts beside the pool and the admission cap (``None`` before start)."""
         pool = shared.pool if shared is not None else PoolStats(num_blocks=1, used_blocks=0, block_size=1, sequences=0)
@@ -195,4 +210,7 @@ class Counters:
             shed=self.shed,
             outputs_dropped=self.outputs_dropped,
             failed=failed,
+            tick_tokens=tick_tokens,
+            budget_waits=self.budget_waits,
+            slow_steps=self.slow_steps,
         )

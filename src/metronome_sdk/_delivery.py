@@ -110,11 +110,10 @@ class Delivery:
                 pending.started = True
                 if outcome.kind is Kind.APPENDED:
                     return Applied(grown=grown)
-                assert outcome.token is not None
                 self._take(slot, pending)
-                latency, put = self.answer(slot, pending, (outcome.token,), tick, done)
+                latency, put = self.answer(slot, pending, outcome.tokens, tick, done)
                 if put is not Put.DISCARDED:  # a withdrawn reply is not fed back: the context keeps what was delivered
-                    slot.feedback = (outcome.token, pending.index)
+                    slot.feedback = (outcome.tokens[-1], pending.index)
                 return Applied(latency=latency, grown=grown)
 
     @staticmethod
@@ -244,13 +243,20 @@ class Delivery:
                 slot.log.warning("session.outputs_dropped", dropped=dropped, output_queue=cap)
         elif put is Put.OVERFLOW:
             cap = self.reliability.output_queue
-            shed = LoadShed(
+            self.shed(
+                slot,
                 f"session {slot.session_id} was shed: it left {cap} outputs unread (ReliabilityConfig.output_queue); "
                 "read outputs as they come, or use slow_consumer='drop_oldest'; open a new session after retry_after",
-                retry_after=self.admitter.retry_after(),
-                limit=self.admitter.limit,
-                in_flight=self._in_flight(),
-                session_id=slot.session_id,
             )
-            self._end_session(slot, shed, Fault.SHED)
         return put
+
+    def shed(self, slot: Slot, message: str) -> None:
+        """End ``slot``'s session with ``LoadShed`` to protect the others."""
+        shed = LoadShed(
+            message,
+            retry_after=self.admitter.retry_after(),
+            limit=self.admitter.limit,
+            in_flight=self._in_flight(),
+            session_id=slot.session_id,
+        )
+        self._end_session(slot, shed, Fault.SHED)

@@ -4,8 +4,13 @@
 own modules: the tick loop's pacing, gathering and dispatch in ``_tick.py``; what a step did
 for a frame in ``_outcome.py`` (pure) and its delivery in ``_delivery.py``; a session's queues
 in ``_channel.py``; input encoding in ``_encoding.py``; every count in ``_counters.py``.
-All engine-core calls (loading, opening and freeing sequences, steps, pool stats) run on the
-core thread (``_worker.py``), in order, so they never race a step.
+All engine-core calls (loading, calibrating, opening and freeing sequences, steps, pool stats)
+run on the core thread (``_worker.py``), in order, so they never race a step.
+
+Why this module is past 400 lines: it is the public class, and what is left here is what only
+the owner of every part can do: assemble them at start (after loading and calibrating), take a
+session in and out of the admitted set, and close down in the two ways (by the application,
+or after repeated faults), each of which touches every part.
 
 Faults (docs/reliability.md): a step that raises is retried, then its frames fail with
 ``EngineStalled``; a watchdog answers the frames of a stuck step at once; a session
@@ -16,6 +21,7 @@ leaves its outputs unread is shed with ``LoadShed`` (or loses its oldest outputs
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -26,10 +32,12 @@ import anyio.abc
 
 from metronome_engine import EngineBackend, PoolStats, SamplingParams
 
-from ._admission import AIMDAdmitter, MemoryGuard
+from ._admission import UNMEASURED_LIMIT, AIMDAdmitter, MemoryGuard
+from ._calibrate import calibrate
 from ._channel import Pending, SessionChannel, State
 from ._codec import FixedRateCodec, FrameCodec, TextTokenizer
 from ._config import AdmissionConfig, EngineConfig, ReliabilityConfig, TimingConfig
+from ._cost import StepCost
 from ._counters import Counters, Fault
 from ._delivery import Delivery
 from ._encoding import InputEncoder
@@ -46,7 +54,7 @@ from ._log import get_logger
 from ._metrics import EngineMetrics
 from ._state import Shared, Slot
 from ._stats import EngineStats, TickReport
-from ._tick import TickLoop
+from ._tick import TickLoop, measured_tokens, tick_budget
 from ._worker import CoreAbandoned, CoreThread
 
 if TYPE_CHECKING:
@@ -158,7 +166,13 @@ class Engine:
                 await self._worker.call(self._load)
             core = self._require_core()
             bound, pool = await self._worker.call(self._sizes, core, self.timing.max_chunk_tokens)
-            self._start_now(core, bound, pool)
+            samples = None
+            if self.timing.tick_tokens == "auto" or self.admission_config.initial_limit is None:
+                # a few timed steps before any session, on the core thread: they size the tick budget
+                samples = await self._worker.call(
+                    functools.partial(calibrate, core, chunk=self.timing.max_chunk_tokens)
+                )
+            self._start_now(core, bound, pool, samples)
 
     def _needs_load(self) -> bool:
         return self._core is None or (self._tokenizer is None and self.config is not None)
@@ -175,7 +189,9 @@ class Engine:
     def _sizes(core: EngineBackend, chunk: int) -> tuple[int | None, PoolStats]:
         return core.session_bound_blocks(chunk=chunk), core.pool_stats()
 
-    def _start_now(self, core: EngineBackend, bound: int | None, pool: PoolStats) -> None:
+    def _start_now(
+        self, core: EngineBackend, bound: int | None, pool: PoolStats, samples: list[tuple[int, float]] | None = None
+    ) -> None:
         chunk = self.timing.max_chunk_tokens
         if bound is not None and bound > pool.num_blocks:
             raise ValueError(
@@ -183,9 +199,25 @@ class Engine:
                 f"{pool.num_blocks}; lower TimingConfig.max_chunk_tokens or grow the pool"
             )
         guard = MemoryGuard(pool_blocks=pool.num_blocks, session_blocks=bound)
+        cost = StepCost(samples or ())
+        fits = measured_tokens(self.timing, cost)
+        measured = None if fits is None else fits // self.admission_config.session_tokens
         admitter = AIMDAdmitter(
-            self.admission_config, deadline=self.timing.frame_deadline, guard=guard, clock=self._clock
+            self.admission_config,
+            deadline=self.timing.frame_deadline,
+            guard=guard,
+            clock=self._clock,
+            measured=measured,
         )
+        if samples:
+            self._log.info(
+                "engine.calibrated",
+                fixed_ms=round(cost.fixed * 1e3, 3),
+                per_token_ms=round(cost.per_token * 1e3, 4),
+                tick_tokens=tick_budget(self.timing, cost),
+                measured_limit=measured,
+                limit=admitter.limit,
+            )
         shared = Shared(core=core, worker=self._worker, pool=pool, session_blocks=bound)
         encoder = InputEncoder(self._tokenizer, self.codec, core.config.vocab_size)
         gate = Gate(shared, admitter, self._counters, encoder)
@@ -208,6 +240,8 @@ class Engine:
             reliability=self.reliability,
             clock=self._clock,
             on_tick=self._on_tick,
+            cost=cost,
+            stop_ids=self._tokenizer.stop_ids if self._tokenizer is not None else frozenset(),
             room=gate.room,
             free=self._free,
             fail=self._fail,
@@ -313,16 +347,23 @@ class Engine:
     # sessions ------------------------------------------------------------------------------------
 
     def session(
-        self, system_prompt: str | None = None, *, sampling: SamplingParams | None = None, timeout: float | None = None
+        self,
+        system_prompt: str | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        timeout: float | None = None,
+        decode_tokens: int = 1,
     ) -> Session:
         """A session on this engine, opened by ``async with`` (waits up to ``timeout`` for room)."""
         from ._session import Session
 
-        return Session(system_prompt, engine=self, sampling=sampling, timeout=timeout)
+        return Session(system_prompt, engine=self, sampling=sampling, timeout=timeout, decode_tokens=decode_tokens)
 
-    def try_session(self, system_prompt: str | None = None, *, sampling: SamplingParams | None = None) -> Session:
+    def try_session(
+        self, system_prompt: str | None = None, *, sampling: SamplingParams | None = None, decode_tokens: int = 1
+    ) -> Session:
         """Open a session now or raise ``AdmissionRejected`` at once: the nowait twin of ``session()``."""
-        return self.session(system_prompt, sampling=sampling).open_nowait()
+        return self.session(system_prompt, sampling=sampling, decode_tokens=decode_tokens).open_nowait()
 
     async def _admit(
         self, channel: SessionChannel, system_prompt: str | None, sampling: Any, log: Any, timeout: float | None
@@ -422,12 +463,14 @@ class Engine:
     # observability -------------------------------------------------------------------------------
 
     def stats(self) -> EngineStats:
+        loop = self._loop
         return self._counters.snapshot(
             self._shared,
             self._admitter,
             deadline=self.timing.frame_deadline,
-            initial_limit=self.admission_config.initial_limit,
+            initial_limit=self.admission_config.initial_limit or UNMEASURED_LIMIT,
             failed=self._failure is not None,
+            tick_tokens=tick_budget(self.timing, loop.cost) if loop is not None else None,
         )
 
     def __repr__(self) -> str:

@@ -31,6 +31,7 @@ class Entry:
     taken: int  # of pending.tokens
     finishes: bool  # the frame's last token is in this chunk: sample its output
     answered: bool = False  # the watchdog already answered this frame (a stuck step)
+    decode: int = 1  # tokens to decode for the frame this tick (the budget's grant), when it finishes
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +57,7 @@ class Kind(enum.Enum):
 class Outcome:
     kind: Kind
     reason: StallReason | None = None
-    token: int | None = None
+    tokens: tuple[int, ...] = ()  # ANSWERED: the tokens decoded for the frame (LATE: for the stuck one)
     num_tokens: int = 0  # the session's stream length after the step
     num_blocks: int = 0  # blocks it holds after the step
     needed_blocks: int = 0  # CACHE_EXHAUSTED: blocks its stream needs
@@ -75,8 +76,16 @@ def stall_reason(stall: Stall) -> StallReason | None:
             assert_never(stall)
 
 
-def classify(entry: Entry, output: StepOutput | StepFailed, *, pool: PoolStats, bounded: bool) -> Outcome:
-    """What the step did for ``entry``. ``bounded``: every session's KV is bounded (a window policy)."""
+def classify(
+    entry: Entry, output: StepOutput | StepFailed, *, pool: PoolStats, bounded: bool, decoded: tuple[int, ...] = ()
+) -> Outcome:
+    """What the step did for ``entry``. ``bounded``: every session's KV is bounded (a window policy).
+
+    ``output`` is the session's last step output of the tick; ``decoded`` the tokens it decoded
+    (several with extra decode rounds; by default the output's one token).
+    """
+    if not decoded and isinstance(output, StepOutput) and output.token is not None:
+        decoded = (output.token,)
     state = entry.slot.channel.state
     if state is State.CLOSED or state is State.ENGINE_CLOSED:
         return Outcome(Kind.IGNORED)
@@ -90,7 +99,7 @@ def classify(entry: Entry, output: StepOutput | StepFailed, *, pool: PoolStats, 
         return Outcome(Kind.IGNORED)  # ended by the engine in this tick (shed): freed after it
     if entry.answered:
         if output.stall is None:
-            return Outcome(Kind.LATE, token=output.token, num_tokens=output.num_tokens, num_blocks=output.num_blocks)
+            return Outcome(Kind.LATE, tokens=decoded, num_tokens=output.num_tokens, num_blocks=output.num_blocks)
         return Outcome(Kind.IGNORED)
     if output.stall is not None:
         reason = stall_reason(output.stall)
@@ -100,7 +109,8 @@ def classify(entry: Entry, output: StepOutput | StepFailed, *, pool: PoolStats, 
             if not bounded and needed > pool.num_blocks:
                 return Outcome(Kind.CACHE_EXHAUSTED, reason=reason, num_tokens=output.num_tokens, needed_blocks=needed)
         return Outcome(Kind.STALLED, reason=reason, num_tokens=output.num_tokens, num_blocks=output.num_blocks)
-    kind = Kind.ANSWERED if entry.finishes else Kind.APPENDED
-    if kind is Kind.ANSWERED and output.token is None:
+    if not entry.finishes:
+        return Outcome(Kind.APPENDED, num_tokens=output.num_tokens, num_blocks=output.num_blocks)
+    if not decoded:
         raise RuntimeError(f"the engine core sampled no token for seq_id={output.seq_id}, though asked to")
-    return Outcome(kind, token=output.token, num_tokens=output.num_tokens, num_blocks=output.num_blocks)
+    return Outcome(Kind.ANSWERED, tokens=decoded, num_tokens=output.num_tokens, num_blocks=output.num_blocks)

@@ -34,6 +34,7 @@ from ._stats import SessionStats
 __all__ = ["Interrupted", "Session"]
 
 _ids = itertools.count(1)
+MAX_DECODE_TOKENS = 64  # one frame's decode rounds are steps in one tick: more would never fit a deadline
 
 FrameLike = InputFrame | str | None
 
@@ -81,6 +82,12 @@ class Session:
     outputs are bounded (``ReliabilityConfig.output_queue``): read them as they come.
     A session the engine ended (``LoadShed``, ``SessionBroken``, ``EngineStalled`` with
     ``reason="engine_failed"``) hands out its unread outputs, then raises that error.
+
+    ``decode_tokens`` is how many tokens a frame's output may carry: the engine decodes
+    up to that many in the frame's tick (extra decode steps within the tick), as the
+    tick's token budget allows, and fewer once the model ends its turn. A consumer that
+    needs text faster than one token a tick (speech synthesis) sets it; it can change
+    between frames (``s.decode_tokens = 4``).
     """
 
     def __init__(
@@ -90,6 +97,7 @@ class Session:
         engine: Engine | None = None,
         sampling: SamplingParams | None = None,
         timeout: float | None = None,
+        decode_tokens: int = 1,
     ) -> None:
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a str or None, got {type(system_prompt).__name__}")
@@ -104,6 +112,23 @@ class Session:
         self._log = get_logger(session_id=self.id)
         self._slot: Slot | None = None
         self._closed = False
+        self.decode_tokens = decode_tokens
+
+    @property
+    def decode_tokens(self) -> int:
+        """Most tokens one frame's output carries (decoded within its tick, as the budget allows)."""
+        return self._decode_tokens
+
+    @decode_tokens.setter
+    def decode_tokens(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DECODE_TOKENS:
+            raise ValueError(
+                f"decode_tokens must be an int in [1, {MAX_DECODE_TOKENS}], got {value!r}; "
+                "1 decodes one token a tick, 4 suits a speech consumer"
+            )
+        self._decode_tokens = value
+        if self._slot is not None:
+            self._slot.decode_tokens = value
 
     # opening and closing -------------------------------------------------------------------------
 
@@ -140,6 +165,7 @@ class Session:
             self._slot = await engine._admit(
                 self._new_channel(engine), self._system_prompt, self._sampling, self._log, self._timeout
             )
+            self._slot.decode_tokens = self._decode_tokens
         except BaseException:
             if self._own_engine:  # its task group exits in the scope that entered it (aclose() is shielded)
                 await engine.__aexit__(None, None, None)
@@ -155,6 +181,7 @@ class Session:
             raise RuntimeError("open_nowait() needs a started engine: use engine.try_session(), or `async with`")
         engine = self._engine
         self._slot = engine._admit_nowait(self._new_channel(engine), self._system_prompt, self._sampling, self._log)
+        self._slot.decode_tokens = self._decode_tokens
         return self
 
     async def __aenter__(self) -> Session:
@@ -292,11 +319,11 @@ class Session:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         out = await self.step(text)
         parts = [out.text]
-        produced = 1
+        produced = len(out.tokens)
         while not out.stop and produced < max_tokens:
             out = await self.step()
             parts.append(out.text)
-            produced += 1
+            produced += len(out.tokens)
         return "".join(parts)
 
     def interrupt(self) -> Interrupted:

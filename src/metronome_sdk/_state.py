@@ -31,6 +31,8 @@ class Slot:
     num_blocks: int = 0
     # the last output token and its frame's index: appended with the next chunk (the model sees its own reply)
     feedback: tuple[int, int] | None = None
+    decode_tokens: int = 1  # most tokens a frame's output carries (Session.decode_tokens)
+    waited: int = 0  # ticks in a row its frame waited on the tick's token budget
     in_tick: bool = False
     ended: bool = False  # out of the engine's admitted set (closed by either side)
 

@@ -1,50 +1,58 @@
 """The tick loop, the metronome: pacing, gathering, dispatch.
 
-Each tick gathers one chunk from every session with a frame waiting, runs one batched step
-on the core thread (the event loop never blocks on torch), classifies what the step did for
-each frame (``_outcome.classify``), and applies it (``_delivery.Delivery``). Ticks come at
-most one per ``TimingConfig.period``, keeping the metronome's phase. A step that raises is
-retried at once; a step that runs past the watchdog's limit has its frames answered at once
-(``on_stuck``); ``max_failed_ticks`` failed ticks in a row shut the engine down.
+Each tick gathers a chunk from every session with a frame waiting, within the tick's token
+budget (``_budget.plan_tick``, sized from the measured step cost, ``_cost.StepCost``), runs
+one batched step on the core thread (``_dispatch.py``; the event loop never blocks on torch),
+classifies what the step did for each frame (``_outcome.classify``), and applies it
+(``_delivery.Delivery``). Ticks come at most one per ``TimingConfig.period``, keeping the
+metronome's phase. A step that runs past the watchdog's limit is judged slow (within its
+tokens' measured cost: load is shed) or stuck (its frames are answered at once);
+``max_failed_ticks`` failed ticks in a row shut the engine down.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
-import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
 
 import anyio
 import anyio.abc
 
-from metronome_engine import PoolStats, SamplingParams, StepOutput, StepRequest
-
 from ._admission import AIMDAdmitter
+from ._budget import Demand, plan_tick
 from ._config import ReliabilityConfig, TimingConfig
+from ._cost import StepCost
 from ._counters import Counters, Fault
 from ._delivery import Delivery
+from ._dispatch import Work, WorkResult, run_tick_step
 from ._exceptions import StallReason
 from ._log import get_logger
 from ._outcome import Entry, StepFailed, classify
 from ._signal import Signal
 from ._state import Shared, Slot
 from ._stats import TickReport
-from ._watchdog import watch
+from ._watchdog import Verdict, judge, watch
 
 __all__: list[str] = []  # internal: TickLoop
 
 
-@dataclass(slots=True)
-class _WorkResult:
-    seq_ids: list[int]
-    outputs: list[StepOutput]
-    pool: PoolStats
-    step_seconds: float
-    error: BaseException | None
-    failures: int  # attempts that raised (retried ones included)
-    raised: BaseException | None  # the last exception a try raised, even if a retry then succeeded
+def tick_budget(timing: TimingConfig, cost: StepCost) -> int | None:
+    """Most tokens one tick appends (``TimingConfig.tick_tokens``); ``None``: no cap."""
+    fixed = timing.tick_tokens
+    if fixed != "auto":
+        return fixed
+    measured = measured_tokens(timing, cost)
+    return measured if measured is not None else timing.max_chunk_tokens  # unmeasured: one chunk a tick
+
+
+def measured_tokens(timing: TimingConfig, cost: StepCost) -> int | None:
+    """The tokens a tick appends within ``step_share`` of the deadline, by the measured cost."""
+    if not cost.ready:
+        return None
+    fits = cost.tokens_within(timing.step_share * timing.frame_deadline)
+    # never below one step's fixed cost in tokens: a smaller tick saves little time and wastes the step
+    return max(1, fits, min(cost.step_tokens(), timing.max_chunk_tokens))
 
 
 class TickLoop:
@@ -59,6 +67,8 @@ class TickLoop:
         reliability: ReliabilityConfig,
         clock: Callable[[], float],
         on_tick: Callable[[TickReport], None] | None,
+        cost: StepCost,
+        stop_ids: frozenset[int],
         room: Callable[[], None],
         free: Callable[[Slot], Awaitable[None]],
         fail: Callable[[], Awaitable[None]],
@@ -71,6 +81,10 @@ class TickLoop:
         self.reliability = reliability
         self._clock = clock
         self._on_tick = on_tick
+        self.cost = cost  # step seconds vs tokens, measured: sizes the tick budget
+        self._stop_ids = stop_ids
+        self.budget_now: int | None = None  # the last tick's budget
+        self._waiting: list[int] = []  # sessions that waited on the last tick's budget
         self._room = room
         self._free = free
         self._fail = fail
@@ -140,18 +154,16 @@ class TickLoop:
     # gathering -----------------------------------------------------------------------------------
 
     def gather(self) -> list[Entry]:
-        budget = self.timing.max_chunk_tokens
-        entries = []
+        """This tick's chunk of every session with input, within the tick's token budget."""
+        heads: dict[int, tuple[Slot, list[int]]] = {}
+        demands = []
         for slot in self.shared.slots.values():
             channel = slot.channel
             if not channel.inputs:
                 continue
-            pending = channel.inputs[0]
             head = [slot.feedback[0]] if slot.feedback is not None else []
-            take = pending.tokens[: budget - len(head)]
-            tokens = head + take
-            if not tokens:
-                channel.inputs.popleft()
+            if not head and not channel.inputs[0].tokens:
+                pending = channel.inputs.popleft()
                 channel.input_taken()
                 why = (
                     "the session has appended nothing yet"
@@ -161,37 +173,31 @@ class TickLoop:
                 )
                 self.delivery.push(slot, pending.index, ValueError(f"nothing to decode from: {why}; send input"))
                 continue
-            if slot.feedback is not None:
-                channel.feedback_appended(slot.feedback[1])
-            entries.append(Entry(slot, pending, tokens, len(take), finishes=len(take) == len(pending.tokens)))
+            heads[slot.session_id] = (slot, head)
+            need = len(head) + len(channel.inputs[0].tokens)
+            talking = channel.counts.frames > 0
+            demands.append(Demand(slot.session_id, need, slot.decode_tokens, talking, slot.waited))
+        step_cost = self.cost.step_tokens() if self.cost.ready else 0
+        self.budget_now = tick_budget(self.timing, self.cost)
+        plan = plan_tick(demands, budget=self.budget_now, max_chunk=self.timing.max_chunk_tokens, step_cost=step_cost)
+        entries = []
+        self._waiting = []
+        for sid, (slot, head) in heads.items():
+            grant = plan[sid]
+            if grant.chunk == 0:  # waits on the budget this tick: counted, and first in line soon
+                slot.waited += 1
+                self.counters.budget_wait()
+                self._waiting.append(sid)
+                continue
+            slot.waited = 0
+            pending = slot.channel.inputs[0]
+            tokens = (head + pending.tokens)[: grant.chunk]
+            if slot.feedback is not None and head:
+                slot.channel.feedback_appended(slot.feedback[1])
+            entries.append(Entry(slot, pending, tokens, grant.chunk - len(head), grant.decode > 0, decode=grant.decode))
         return entries
 
     # dispatch ------------------------------------------------------------------------------------
-
-    def _work(self, entries: list[tuple[int | None, SamplingParams | None, list[int], bool]]) -> _WorkResult:
-        """On the core thread: open the sequences of new sessions, run one batched step.
-
-        A step that raises has changed nothing (the core rolls back), so it is retried at
-        once, ``step_retries`` times: a transient fault costs one step's time, not a frame.
-        """
-        core = self.shared.core
-        seq_ids = [sid if sid is not None else core.add_sequence(sampling=sampling) for sid, sampling, _, _ in entries]
-        requests = [
-            StepRequest(sid, toks, sample=finish) for sid, (_, _, toks, finish) in zip(seq_ids, entries, strict=True)
-        ]
-        t0 = time.perf_counter()
-        outputs: list[StepOutput] = []
-        error: BaseException | None = None
-        raised: BaseException | None = None
-        failures = 0
-        for _ in range(self.reliability.step_retries + 1):
-            try:
-                outputs, error = core.step(requests), None
-                break
-            except Exception as exc:  # every session of the tick hears of it if no retry succeeds
-                failures += 1
-                error = raised = exc
-        return _WorkResult(seq_ids, outputs, core.pool_stats(), time.perf_counter() - t0, error, failures, raised)
 
     async def tick(self) -> None:
         entries = self.gather()
@@ -204,15 +210,28 @@ class TickLoop:
         for e in entries:
             e.slot.in_tick = e.pending.in_tick = True
         try:
-            work = [(e.slot.seq_id, e.slot.sampling, e.tokens, e.finishes) for e in entries]
-            job = self.shared.worker.submit(self._work, work)
+            work = [Work(e.slot.seq_id, e.slot.sampling, e.tokens, e.finishes, e.decode) for e in entries]
+            job = self.shared.worker.submit(
+                run_tick_step, self.shared.core, work, self.reliability.step_retries, self._stop_ids
+            )
             limit = max(self.reliability.watchdog * self.timing.frame_deadline, self.reliability.watchdog_floor)
+            expected = self._expected_seconds(entries)
+            stuck = 0
+
+            def on_long(times: int, running: float) -> bool:
+                nonlocal stuck
+                if not stuck and judge(running, expected=expected, slack=self.reliability.watchdog) is Verdict.SLOW:
+                    self.on_slow(entries, times, running, expected)
+                    return True
+                stuck += 1
+                return self.on_stuck(entries, stuck, running, limit)
+
             returned = await watch(
                 job,
                 clock=anyio.current_time,  # real time, as the metronome paces ticks: a stuck thread is wall-clock
                 limit=limit,
                 poll=min(period, limit / 4),
-                on_stuck=lambda times, running: self.on_stuck(entries, times, running, limit),
+                on_stuck=on_long,
                 give_up=lambda times: times > 0 and self.shared.closed,  # closing: never wait on a stuck step
             )
             if not returned:
@@ -231,7 +250,9 @@ class TickLoop:
         for slot in ended:
             await self._free(slot)
 
-    def _apply(self, entries: list[Entry], result: _WorkResult, done: float) -> None:
+    def _apply(self, entries: list[Entry], result: WorkResult, done: float) -> None:
+        for tokens, seconds in result.steps:  # the budget follows the machine
+            self.cost.observe(tokens, seconds)
         if result.failures:
             self.counters.fault(Fault.STEP_FAILED, result.failures)
             self._log.error(
@@ -250,7 +271,8 @@ class TickLoop:
         for i, e in enumerate(entries):
             e.slot.seq_id = result.seq_ids[i]
             failed = StepFailed(result.error, result.failures) if result.error is not None else None
-            outcome = classify(e, failed or result.outputs[i], pool=pool, bounded=bounded)
+            decoded = result.tokens[i] if failed is None else ()
+            outcome = classify(e, failed or result.outputs[i], pool=pool, bounded=bounded, decoded=decoded)
             applied = self.delivery.apply(
                 e,
                 outcome,
@@ -267,9 +289,42 @@ class TickLoop:
             if applied.latency is not None:
                 latencies.append(applied.latency)
         self.counters.tick(done, grown, len(self.shared.slots))
-        self._account(tick, done, entries, stalled, latencies, result.step_seconds)
+        appended = sum(t for t, _ in result.steps)
+        self._account(tick, done, entries, stalled, latencies, result.step_seconds, appended)
 
     # the watchdog --------------------------------------------------------------------------------
+
+    def _expected_seconds(self, entries: list[Entry]) -> float | None:
+        """What this tick's step should take at the slowest rate measured (``None``: nothing measured)."""
+        cost = self.cost
+        if not cost.ready:
+            return None
+        tokens = sum(len(e.tokens) + max(0, e.decode - 1) for e in entries)
+        rounds = max((e.decode - 1 for e in entries), default=0)
+        return (cost.seconds(tokens) + rounds * cost.fixed) * cost.slowest()
+
+    def on_slow(self, entries: list[Entry], times: int, running: float, expected: float | None) -> None:
+        """A long step that is still within its tokens' cost: not stuck. Shed load so the next ticks fit.
+
+        Each watchdog period it runs cuts the admission cap; from the second on, the session
+        admitted last among the step's is shed with ``LoadShed`` (never the last one open).
+        """
+        if times == 1:
+            self.counters.fault(Fault.STEP_SLOW)
+        admitter = self.admitter
+        before, limit = admitter.limit, admitter.cut()
+        self.counters.limit(limit)
+        self._log.warning("engine.step_slow", running=running, expected=expected, old_limit=before, limit=limit)
+        order = {sid: i for i, sid in enumerate(self.shared.slots)}
+        live = [e.slot for e in entries if e.slot.session_id in order]
+        if times < 2 or len(self.shared.slots) < 2 or not live:
+            return
+        victim = max(live, key=lambda s: order[s.session_id])
+        self.delivery.shed(
+            victim,
+            f"session {victim.session_id} was shed: a step ran {running:.2f} s, past the watchdog's limit, on a "
+            "machine that cannot hold this load at the deadline; open a new session after retry_after",
+        )
 
     def on_stuck(self, entries: list[Entry], times: int, running: float, limit: float) -> bool:
         """The watchdog: the step has run ``times * limit`` seconds. Answer what waits on it; keep waiting?"""
@@ -309,6 +364,7 @@ class TickLoop:
         stalled: list[int],
         latencies: list[float],
         step_seconds: float,
+        tokens: int,
     ) -> None:
         admitter, n = self.admitter, len(self.shared.slots)
         before = admitter.limit
@@ -332,6 +388,9 @@ class TickLoop:
                 step_seconds=step_seconds,
                 used_blocks=pool.used_blocks,
                 pool_blocks=pool.num_blocks,
+                tokens=tokens,
+                waiting=tuple(self._waiting),
+                tick_tokens=self.budget_now,
             )
             try:
                 self._on_tick(report)

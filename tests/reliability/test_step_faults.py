@@ -124,7 +124,8 @@ async def test_a_session_with_non_finite_logits_is_broken_and_the_others_keep_th
     assert engine.core.pool_stats().used_blocks == 0
 
 
-WATCHED = TimingConfig(period=0.001, deadline=0.02, max_chunk_tokens=8)
+# no calibration (tick_tokens=None, a fixed cap): with no measured cost every long step is stuck, not slow
+WATCHED = TimingConfig(period=0.001, deadline=0.02, max_chunk_tokens=8, tick_tokens=None)
 
 
 async def test_the_watchdog_answers_a_stuck_step_at_once_and_the_engine_recovers() -> None:

@@ -26,8 +26,11 @@ def out(*, token: int | None = 7, stall: Stall | None = None, num_tokens: int = 
 
 async def test_a_served_frame_is_answered_with_its_token_and_a_partial_chunk_is_appended() -> None:
     done = classify(entry(), out(), pool=POOL, bounded=True)
-    assert (done.kind, done.token, done.num_tokens, done.num_blocks) == (Kind.ANSWERED, 7, 3, 1)
+    assert (done.kind, done.tokens, done.num_tokens, done.num_blocks) == (Kind.ANSWERED, (7,), 3, 1)
     assert classify(entry(finishes=False), out(token=None), pool=POOL, bounded=True).kind is Kind.APPENDED
+    # extra decode rounds: the frame's tokens are all it decoded this tick, the output the last step's
+    several = classify(entry(), out(token=9), pool=POOL, bounded=True, decoded=(7, 8, 9))
+    assert several.tokens == (7, 8, 9)
 
 
 async def test_a_full_pool_stalls_a_bounded_session_and_a_session_past_the_pool_is_a_sizing_error() -> None:
