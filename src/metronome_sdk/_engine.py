@@ -237,7 +237,7 @@ class Engine:
 
             from metronome_engine.engine import resolve_kernels
 
-            path = resolve_kernels(cfg.kernels, torch.device(cfg.device))
+            path = resolve_kernels(cfg.kernels, torch.device(cfg.device), model=cfg.model)
             model = _shared_model(cfg.model, cfg.device, path)
             pool = cfg.pool_size()
             self._core = EngineCore(
