@@ -198,6 +198,12 @@ class EngineCore:
         self.view = BatchView()
         self.fused = resolve_kernels(kernels, self.device, model.config) == "fused"
         self.ops: Any = None  # the fused kernels' build's torch.ops namespace
+        # regime -> whether its steps run fused, where "auto" measured different winners
+        # and both paths can read the model (no tiles): see _step_fused
+        self.regimes: dict[str, bool] | None = None
+        self._last_fused = self.fused
+        if kernels == "auto" and self.device.type == "cpu" and not model.packed:
+            self._switch_per_regime(model, isa)
         if self.fused:
             from . import kernels as fused_kernels
 
@@ -216,6 +222,34 @@ class EngineCore:
             model.require_unpacked()
         self._seqs: dict[int, _Seq] = {}
         self._ids = itertools.count(1)
+
+    def _switch_per_regime(self, model: LlamaModel, isa: Isa | None) -> None:
+        from . import kernels as fused_kernels
+
+        build = fused_kernels.get_build(isa)
+        if not build.available() or build.tiles_available() and model.block_source is not None:
+            return  # no fused path here, or one that packs the weights in place
+        choice = auto_choice(model.config)
+        winners = {regime: name != "torch" for regime, name in choice.fastest.items()}
+        if len(set(winners.values())) > 1:
+            self.regimes = winners
+            self.ops = build.ops
+            log.info("kernels.auto switches per regime: %s", json.dumps(choice.fastest))
+
+    def _step_fused(self, chunks: list[SeqChunk]) -> bool:
+        """Whether this step runs fused: the engine's path, or the measured winner of the
+        regime the step is nearest (a prefill chunk, or a decode step of few or many rows)."""
+        if self.regimes is None:
+            return self.fused
+        if max(ch.n_new for ch in chunks) > 1:
+            regime = "prefill_64"
+        else:
+            regime = "decode_32" if len(chunks) * len(chunks) > 32 else "decode_1"  # nearer 32 rows than 1
+        fused = self.regimes.get(regime, self.fused)
+        if self._last_fused and not fused:
+            self.view.invalidate()  # the fused steps wrote the pool, not the torch path's view
+        self._last_fused = fused
+        return fused
 
     @classmethod
     def from_pretrained(
@@ -307,8 +341,8 @@ class EngineCore:
                 raise
         return [outputs[r.seq_id] for r in requests]
 
-    def _forward(self, chunks: list[SeqChunk], ids: Tensor) -> tuple[Tensor, StepTokens]:
-        if self.fused:
+    def _forward(self, chunks: list[SeqChunk], ids: Tensor, fused: bool) -> tuple[Tensor, StepTokens]:
+        if fused:
             paged = PagedBatch.build(self.policy, chunks, device=self.device)
             return self.model.forward_fused(ids, paged, self.cache, self.ops), paged.tokens
         rows = self.view.prepare(self.cache, [ch.seq for ch in chunks])
@@ -325,7 +359,8 @@ class EngineCore:
 
     def _run(self, chunks: list[SeqChunk], served: list[StepRequest], outputs: dict[int, StepOutput]) -> None:
         ids = torch.tensor([t for r in served for t in r.tokens], dtype=torch.int64, device=self.device)
-        hidden, tokens = self._forward(chunks, ids)
+        fused = self._step_fused(chunks)
+        hidden, tokens = self._forward(chunks, ids, fused)
         logits = self.model.logits(hidden)
         # row of each session's last token, and its rows when it asked for all of them
         spans: list[tuple[int, int]] = []
@@ -334,7 +369,7 @@ class EngineCore:
             n_rows = ch.n_new if (req.all_logits or tokens.logit_rows is None) else 1
             spans.append((row, row + n_rows))
             row += n_rows
-        greedy, finite = self._greedy_and_finite(logits, [end - 1 for _, end in spans])
+        greedy, finite = self._greedy_and_finite(logits, [end - 1 for _, end in spans], fused)
         results: list[tuple[SeqChunk, StepRequest, int | None, Tensor | None]] = []
         faulty: list[SeqChunk] = []
         for i, (ch, req) in enumerate(zip(chunks, served, strict=True)):
@@ -364,9 +399,9 @@ class EngineCore:
             # would later see in masked columns (0 * NaN is NaN)
             self.view = BatchView()
 
-    def _greedy_and_finite(self, logits: Tensor, last_rows: list[int]) -> tuple[list[int], list[bool]]:
+    def _greedy_and_finite(self, logits: Tensor, last_rows: list[int], fused: bool) -> tuple[list[int], list[bool]]:
         """The greedy token of each session (its last row) and, per row, whether it is all finite."""
-        if self.fused:
+        if fused:
             best, ok = self.ops.greedy_rows(logits)  # one pass over the logits
             best_rows = best.tolist()
             return [best_rows[r] for r in last_rows], ok.tolist()

@@ -6,9 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from metronome_engine import ModelConfig
+from metronome_engine import KVPolicy, ModelConfig
+from metronome_engine import engine as engine_module
 from metronome_engine.kernels import choice
-from metronome_engine.kernels.choice import REGIMES, choose_kernels, pick
+from metronome_engine.kernels.choice import REGIMES, KernelChoice, choose_kernels, pick
+
+from .tiny import scripted_logits, tiny_engine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -43,3 +46,30 @@ def test_the_choice_is_timed_once_then_read_from_the_cache(monkeypatch: pytest.M
     again = choose_kernels(_TINY)
     assert again == first
     assert len(list(tmp_path.glob("choice-*.json"))) == 1
+
+
+@pytest.mark.parametrize("prefill_on", ["torch", "fused-native"])
+def test_an_auto_engine_that_switches_path_per_regime_keeps_exact_logits(
+    monkeypatch: pytest.MonkeyPatch, prefill_on: str
+) -> None:
+    # where the measured winners differ per regime and no tiles pack the weights, "auto"
+    # runs each step on its regime's winner: the logits must not notice the switches
+    decode_on = "torch" if prefill_on != "torch" else "fused-native"
+    measured = KernelChoice(
+        "fused",
+        "native",
+        {},
+        {"decode_1": decode_on, "decode_32": decode_on, "prefill_64": prefill_on},
+        1,
+    )
+    monkeypatch.setattr(engine_module, "auto_choice", lambda config=None, model=None: measured)
+    monkeypatch.setattr(engine_module, "resolve_kernels", lambda kernels, device, config=None, model=None: "fused")
+    switching = tiny_engine(KVPolicy.windowed(12, sinks=4), kernels="auto")
+    assert switching.regimes == {
+        "decode_1": decode_on != "torch",
+        "decode_32": decode_on != "torch",
+        "prefill_64": prefill_on != "torch",
+    }
+    plain = tiny_engine(KVPolicy.windowed(12, sinks=4), kernels="torch")
+    got, ref = scripted_logits(switching), scripted_logits(plain)
+    assert float((got - ref).abs().max() / ref.abs().max()) < 1e-4
