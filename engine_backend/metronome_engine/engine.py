@@ -227,7 +227,7 @@ class EngineCore:
         from . import kernels as fused_kernels
 
         build = fused_kernels.get_build(isa)
-        if not build.available() or build.tiles_available() and model.block_source is not None:
+        if not build.available() or (build.tiles_available() and model.block_source is not None):
             return  # no fused path here, or one that packs the weights in place
         choice = auto_choice(model.config)
         winners = {regime: name != "torch" for regime, name in choice.fastest.items()}
