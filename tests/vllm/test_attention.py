@@ -117,9 +117,7 @@ class _Impl:
 
 
 @pytest.mark.parametrize("layout", list(LAYOUTS), ids=list(LAYOUTS))
-@pytest.mark.parametrize(
-    ("window", "sinks", "block_size"), [(8, 4, 4), (24, 4, 8), (24, 0, 8), (13, 1, 4), (16, 7, 4)]
-)
+@pytest.mark.parametrize(("window", "sinks", "block_size"), [(8, 4, 4), (24, 4, 8), (24, 0, 8), (13, 1, 4), (16, 7, 4)])
 def test_batched_attention_equals_dense_reference(layout: str, window: int, sinks: int, block_size: int) -> None:
     step = make_step(window * 31 + sinks, window=window, sinks=sinks, block_size=block_size, layout=LAYOUTS[layout])
     cache, qsl, seq_lens = step["cache"], step["qsl"], step["seq_lens"]
