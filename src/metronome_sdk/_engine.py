@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -62,13 +62,13 @@ _GROWTH_WINDOW = 64  # ticks the growth rate r is measured over
 
 
 @functools.lru_cache(maxsize=4)
-def _shared_model(model: str, device: str, path: str) -> Any:
+def _shared_model(model: str, device: str, path: str, quantize: Literal["q8_0", "q4_1"] | None = None) -> Any:
     # weights are read-only at inference: engines of the same model share them. One copy
     # per engine path ("auto" resolved first): the fused kernels pack the weights in place,
     # where the torch path cannot read them
     from metronome_engine.weights import load_model
 
-    return load_model(model, device=device)
+    return load_model(model, device=device, quantize=quantize)
 
 
 @functools.lru_cache(maxsize=4)
@@ -253,7 +253,7 @@ class Engine:
             from metronome_engine.engine import resolve_kernels
 
             path = resolve_kernels(cfg.kernels, torch.device(cfg.device))
-            model = _shared_model(cfg.model, cfg.device, path)
+            model = _shared_model(cfg.model, cfg.device, path, cfg.quantize)
             pool = cfg.pool_size()
             self._core = EngineCore(
                 model,
