@@ -42,9 +42,11 @@ async def test_a_reply_streams_and_the_session_holds_the_context(engine: Engine)
             ctx.add_message(role="assistant", content=first)
             ctx.add_message(role="user", content="more")
             assert await collect(model, ctx, APIConnectOptions())
+            assert server.named_sessions == 1 and engine.stats().admitted == 1  # one session, two turns
         finally:
             await model.aclose()
-        assert server.named_sessions == 1 and engine.stats().admitted == 1  # one session, two turns
+        assert server.named_sessions == 0  # aclose() ended the session on the server
+        assert engine.stats().sessions == 0 and engine.stats().used_blocks == 0
 
 
 async def test_a_429_is_retried_after_the_advertised_delay_not_livekits_interval(engine: Engine) -> None:

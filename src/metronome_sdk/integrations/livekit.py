@@ -4,7 +4,8 @@ LiveKit runs each job in its own process by default, so an engine inside every j
 would load the model per call and lose the shared admission cap: the plugin talks to
 one Metronome server. Each ``MetronomeLLM`` is one named session on it
 (``X-Metronome-Session``), so the server holds the conversation and appends only
-what is new; create one per agent session.
+what is new; create one per agent session, and ``aclose()`` it when the call ends
+(the session is closed on the server then, not at its idle timeout).
 
 Retries go through LiveKit's own ``LLMStream`` machinery (``conn_options.max_retry``),
 paced by the server: a 429 (admission refused) or a 503 before the first token (a
@@ -70,6 +71,7 @@ class MetronomeLLM(llm.LLM[None]):
         ):
             raise ValueError(f"max_tokens must be an int >= 1 or None, got {max_tokens!r}")
         self._url = base_url.rstrip("/") + "/chat/completions"
+        self._sessions = base_url.rstrip("/") + "/sessions"
         self._api_key = api_key
         self.session_key = session_key or f"livekit-{uuid.uuid4().hex}"
         self._max_tokens = max_tokens
@@ -90,8 +92,17 @@ class MetronomeLLM(llm.LLM[None]):
         return self._http
 
     async def aclose(self) -> None:
+        """Close the named session on the server (its blocks and admission place go back now)."""
         await super().aclose()
-        if self._http is not None:
+        if self._http is None:
+            return
+        headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+        try:
+            async with self._http.delete(f"{self._sessions}/{self.session_key}", headers=headers) as resp:
+                await resp.read()  # 404: never opened, or already closed for being idle
+        except aiohttp.ClientError:
+            pass  # the server is gone; its idle timeout would have closed the session anyway
+        finally:
             await self._http.close()
             self._http = None
 
