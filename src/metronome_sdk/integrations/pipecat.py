@@ -32,6 +32,7 @@ from pipecat.frames.frames import (
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.llm_service import LLMService
+from pipecat.services.settings import LLMSettings
 from pipecat.utils.errors import ErrorCategory
 
 from metronome_engine import SamplingParams
@@ -86,6 +87,21 @@ class MetronomeLLMService(LLMService):  # type: ignore[misc]
             raise ValueError(f"engine must be a metronome Engine, got {type(engine).__name__}")
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        if "settings" not in kwargs:
+            # every field given (Pipecat checks): the session samples as it was opened, so the rest are None
+            kwargs["settings"] = LLMSettings(
+                model="metronome",
+                system_instruction=system_prompt,
+                temperature=None if sampling is None else sampling.temperature,
+                max_tokens=max_tokens,
+                top_p=None,
+                top_k=None,
+                frequency_penalty=None,
+                presence_penalty=None,
+                seed=None,
+                filter_incomplete_user_turns=False,
+                user_turn_completion_config=None,
+            )
         super().__init__(**kwargs)
         self._engine = engine
         self._system_prompt = system_prompt
