@@ -12,6 +12,7 @@ import torch
 from metronome_engine import EngineCore, KVPolicy, StepRequest
 from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
+from metronome_engine.quant import Quantize
 from metronome_engine.weights import load_model, resolve_model_dir
 
 from .roofline import Roofline, RooflineProbe, decode_step_cost, measure_roofline
@@ -34,12 +35,14 @@ class StepResult:
     floor_peak_ms: float
     gemm_gflops: float  # the in-turn roofline's rates
     copy_gbs: float
+    baseline_ms: float | None = None  # the engine on --baseline's weights, in turn with the others
 
     def as_dict(self) -> dict[str, float | int | None]:
         d = asdict(self)
         d["engine_vs_hf"] = self.engine_ms / self.hf_ms if self.hf_ms else None
         d["engine_vs_floor"] = self.engine_ms / self.floor_ms
         d["engine_vs_floor_peak"] = self.engine_ms / self.floor_peak_ms
+        d["engine_vs_baseline"] = self.engine_ms / self.baseline_ms if self.baseline_ms else None
         return d
 
 
@@ -90,10 +93,11 @@ def engine_stepper(
 
 
 def hf_stepper(model_name: str, contexts: list[int], seed: int = 0) -> Callable[[], None]:
-    """HF ``LlamaForCausalLM`` with its ``DynamicCache``: left-padded batch, one token per step."""
-    from transformers import LlamaForCausalLM
+    """HF's model class for the folder (``AutoModelForCausalLM``) with its ``DynamicCache``:
+    left-padded batch, one token per step."""
+    from transformers import AutoModelForCausalLM
 
-    hf = LlamaForCausalLM.from_pretrained(str(resolve_model_dir(model_name)), dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(model_name)), dtype=torch.float32)
     hf.train(False)
     vocab = hf.config.vocab_size
     gen = torch.Generator().manual_seed(seed)
@@ -134,6 +138,8 @@ def run_step_bench(
     kernels: Kernels = "auto",
     roofline: Roofline | None = None,
     on_progress: Callable[[str], None] | None = None,
+    quantize: Quantize | None = None,
+    baseline: str | None = None,
 ) -> tuple[Roofline, list[StepResult], str, str]:
     """Each batch's medians; the machine's peak roofline; and the engine path that ran
     (``"fused"`` or ``"torch"``) with its weights' layout (``weights_layout``).
@@ -141,16 +147,23 @@ def run_step_bench(
     The floor is measured twice. Once before, as the best of five runs: the machine's
     peak. And once per batch, its two probes taken in turn with the engines' steps, as
     a median: on a shared machine the load swings 20-50% within a run, and the engines'
-    medians meet that load, so the floor they are held to should meet it too."""
+    medians meet that load, so the floor they are held to should meet it too.
+
+    ``quantize`` quantizes ``model``'s weights on load; ``baseline`` (another model, as it
+    loads) runs the engine on it too, its steps in turn with the rest: for instance a folder
+    quantized here against the GGUF file it came from."""
     probe = RooflineProbe()
     peak = roofline or measure_roofline(probe=probe)
-    weights = load_model(model)  # once: every batch's engine serves the same weights
+    weights = load_model(model, quantize=quantize)  # once: every batch's engine serves the same weights
+    base = load_model(baseline) if baseline is not None else None
     results = []
     for batch in batches:
         ctx = contexts_for(batch)
         if on_progress:
             on_progress(f"batch {batch}: engine")
         steppers = [engine_stepper(weights, ctx, steps, kernels=kernels)]
+        if base is not None:
+            steppers.append(engine_stepper(base, ctx, steps, kernels=kernels))
         if with_hf:
             if on_progress:
                 on_progress(f"batch {batch}: HF transformers")
@@ -159,7 +172,9 @@ def run_step_bench(
         if on_progress:
             on_progress(f"batch {batch}: {steps} steps of each, and of the roofline's probes, in turn")
         medians = interleaved_medians(steppers, steps)
-        eng, hf = medians[0], (medians[1] if with_hf else None)
+        eng = medians[0]
+        base_ms = medians[1] if base is not None else None
+        hf = medians[1 + (base is not None)] if with_hf else None
         in_turn = probe.roofline(medians[-2] / 1e3, medians[-1] / 1e3)
         flops, moved = decode_step_cost(weights.config, ctx)
         results.append(
@@ -173,6 +188,7 @@ def run_step_bench(
                 peak.floor_ms(flops, moved),
                 in_turn.gemm_gflops,
                 in_turn.copy_gbs,
+                base_ms,
             )
         )
     return peak, results, "fused" if weights.packed else "torch", weights_layout(weights)

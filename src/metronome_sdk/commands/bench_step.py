@@ -25,7 +25,11 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=_batches, default=[1, 8, 32], help="batch sizes (default 1,8,32)")
     p.add_argument("--steps", type=int, default=10, help="timed decode steps per measurement (median)")
     p.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="known model name, HF folder or .gguf file")
+    p.add_argument(
+        "--quantize", choices=["q8_0", "q4_1"], default=None, help="quantize --model's weights on load (cached)"
+    )
+    p.add_argument("--baseline", default=None, help="also time the engine on this model, in turn (e.g. a GGUF)")
     p.add_argument(
         "--kernels",
         choices=["auto", "fused", "torch"],
@@ -45,13 +49,23 @@ def _run(args: argparse.Namespace) -> int:
         print(f"[bench step] {msg}", file=sys.stderr, flush=True)
 
     roof, results, kernels, layout = run_step_bench(
-        args.batch, model=args.model, steps=args.steps, with_hf=not args.no_hf, kernels=args.kernels, on_progress=say
+        args.batch,
+        model=args.model,
+        steps=args.steps,
+        with_hf=not args.no_hf,
+        kernels=args.kernels,
+        on_progress=say,
+        quantize=args.quantize,
+        baseline=args.baseline,
     )
     batches = [r.as_dict() for r in results]
     report = {
         "batches": batches,
         "kernels": kernels,
         "weights": layout,
+        "model": args.model,
+        "quantize": args.quantize,
+        "baseline": args.baseline,
         "gemm_gflops": roof.gemm_gflops,
         "copy_gbs": roof.copy_gbs,
         "machine": {
@@ -67,6 +81,7 @@ def _run(args: argparse.Namespace) -> int:
             f"peak roofline: fp32 GEMM {roof.gemm_gflops:.1f} GFLOP/s, copy {roof.copy_gbs:.1f} GB/s "
             f"({torch.get_num_threads()} threads); engine kernels: {kernels}, weights: {layout}"
         )
+        base = ["baseline ms", "engine/baseline"] if args.baseline else []
         print_table(
             [
                 "batch",
@@ -78,6 +93,7 @@ def _run(args: argparse.Namespace) -> int:
                 "engine/HF",
                 "engine/floor",
                 "engine/peak",
+                *base,
             ],
             [
                 [
@@ -90,11 +106,14 @@ def _run(args: argparse.Namespace) -> int:
                     b["engine_vs_hf"],
                     b["engine_vs_floor"],
                     b["engine_vs_floor_peak"],
+                    *([b["baseline_ms"], b["engine_vs_baseline"]] if args.baseline else []),
                 ]
                 for b in batches
             ],
         )
         print("floor: the roofline measured in turn with the steps (median); peak floor: its best, measured before")
+        if args.baseline:
+            print(f"baseline: the engine on {args.baseline}, its steps in turn with the engine's")
     return 0
 
 
