@@ -236,3 +236,17 @@ def test_config_is_checked_when_made() -> None:
         with pytest.raises(ValueError):
             ServeConfig(**bad)  # type: ignore[arg-type]
     assert "token=set" in repr(ServeConfig(token="12345678")) and "12345678" not in repr(ServeConfig(token="12345678"))
+
+
+def test_the_docs_table_is_the_error_mapping() -> None:
+    from pathlib import Path
+
+    from metronome_sdk.integrations._errors import rows
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text(encoding="utf-8")
+    documented = [line for line in page.splitlines() if line.startswith("| `")]
+    expected = [
+        f"| `{r.exception}` | {r.status} | `{r.openai_type}` | {str(r.retryable).lower()} | `{r.pipecat}` |"
+        for _, r in rows()
+    ]
+    assert [line[: len(e)] for line, e in zip(documented, expected, strict=True)] == expected
