@@ -1,5 +1,9 @@
 """A compact Llama-family model that reads K/V from the paged block pool.
 
+The families differ by a few options of ``ModelConfig``, each a step of the one layer
+here: scaled RoPE frequencies (Llama 3), q/k/v and o biases (Qwen2, ``attention_bias``),
+per-head q/k RMSNorm (Qwen3), an untied output head.
+
 One forward pass serves a whole tick: the new tokens of every session are packed
 into one ``[T, hidden]`` matrix for the dense layers; attention gathers each
 session's resident K/V through its block table (see ``attention.py``).
@@ -15,6 +19,7 @@ The result equals rotating every resident token at its cache position ``0..S+W-1
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any, cast
 
@@ -32,7 +37,7 @@ if TYPE_CHECKING:
     from .kernels import KernelBuild
     from .paged import PagedBatch
 
-__all__ = ["LlamaModel", "rope_cos_sin", "apply_rope"]
+__all__ = ["LlamaModel", "rope_cos_sin", "rope_inv_freq", "apply_rope"]
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +48,27 @@ _LINEARS = (
     ("gate_up", ("mlp.gate_proj", "mlp.up_proj")),
     ("down_proj", ("mlp.down_proj",)),
 )
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """RoPE's inverse frequencies (float32), scaled as ``config.rope_scaling`` says, as HF
+    transformers computes them."""
+    hd = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv
+    if scaling.kind == "linear":
+        return inv / scaling.factor
+    old = scaling.original_max_position_embeddings
+    low_wavelen = old / scaling.low_freq_factor
+    high_wavelen = old / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def rope_cos_sin(inv_freq: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -76,11 +102,10 @@ class LlamaModel(nn.Module):
         )
         self.layers = nn.ModuleList(_Layer(c, q_out, kv_out) for _ in range(c.num_layers))
         self.norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.packed = False  # dense weights as GGUF blocks in AMX tiles (see pack_weights)
+        self.register_buffer("inv_freq", rope_inv_freq(c), persistent=False)
+        self.packed = False  # dense weights as blocks in AMX tiles (see pack_weights)
         self.tiles = False  # the same: kept as its own name for the layout's readers
-        # the weights as GGUF blocks, where the loader read them from a GGUF file
+        # the weights as blocks, where the loader read them from a GGUF file or quantized them
         self.block_source: Callable[[], Mapping[str, QuantBlocks]] | None = None
         self.head_scale = self.head_offset = torch.empty(0)
         # every layer's weights in decoder_layers' order, listed once (fused_weights): listing
@@ -89,12 +114,12 @@ class LlamaModel(nn.Module):
 
     def pack_weights(self, build: KernelBuild | None = None, *, tiles: bool = True) -> bool:
         """Where ``build`` (default: ``kernels.get_build()``) runs the dense layers on AMX
-        tiles and the model came from a GGUF file whose blocks reproduce its float32 weights
-        exactly, put each dense weight, in place, into its blocks in tiles
-        (``quant.pack_tiles``: a fifth of the bytes). No copy is kept: afterwards the model
-        serves engines with fused kernels only. Otherwise (or with ``tiles=False``) nothing
-        changes: the fused kernels read the float32 weights as the torch path does.
-        Idempotent; returns whether the weights are in tiles."""
+        tiles and the model came from a GGUF file or was quantized on load, so that its
+        blocks reproduce its float32 weights exactly, put each dense weight, in place, into
+        its blocks in tiles (``quant.pack_tiles``: a fifth of the bytes). No copy is kept:
+        afterwards the model serves engines with fused kernels only. Otherwise (or with
+        ``tiles=False``) nothing changes: the fused kernels read the float32 weights as the
+        torch path does. Idempotent; returns whether the weights are in tiles."""
         if self.packed:
             return True
         blocks = self._exact_blocks(build) if tiles else None
@@ -113,7 +138,7 @@ class LlamaModel(nn.Module):
         return True
 
     def _exact_blocks(self, build: KernelBuild | None) -> dict[str, QuantBlocks] | None:
-        """Each dense layer's GGUF blocks, fused as the model fuses them, if the tiles can
+        """Each dense layer's blocks, fused as the model fuses them, if the tiles can
         run here and every block de-quantizes to exactly the weight the model holds."""
         from . import kernels
 
@@ -129,11 +154,11 @@ class LlamaModel(nn.Module):
         out = {}
         for key, (names, weight) in wanted.items():
             if any(n not in source for n in names):
-                log.info("no GGUF blocks for %s: float32 weights", names[0])
+                log.info("no blocks for %s: float32 weights", names[0])
                 return None
             fused = QuantBlocks.cat([source[n] for n in names])
             if not torch.equal(fused.dequantize().t(), weight):
-                log.warning("GGUF blocks of %s differ from the loaded weights: float32 weights", names[0])
+                log.warning("the blocks of %s differ from the loaded weights: float32 weights", names[0])
                 return None
             out[key] = fused
         return out
@@ -163,10 +188,15 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self._layers()):
             h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = torch.mm(h, layer.qkv)
+            if layer.qkv_bias is not None:
+                qkv = qkv + layer.qkv_bias
             q, k, v = torch.split(qkv, [layer.q_out, layer.kv_out, layer.kv_out], dim=-1)
             q = q.view(-1, c.num_heads, c.head_dim)
             k = k.view(-1, c.num_kv_heads, c.head_dim)
             v = v.view(-1, c.num_kv_heads, c.head_dim)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = _rms_norm(q, layer.q_norm, c.rms_norm_eps)
+                k = _rms_norm(k, layer.k_norm, c.rms_norm_eps)
             q_stream = apply_rope(q, cos, sin)
             q_sink = apply_rope(q, *sink_rope) if sink_rope is not None else None
             k = apply_rope(k, cos, sin)
@@ -180,6 +210,8 @@ class LlamaModel(nn.Module):
             v_view.index_copy_(1, batch.view_mapping, v_t)
             attn = batch.attend(q_stream, q_sink, k_view, v_view)
             x = x + torch.mm(attn, layer.o_proj)
+            if layer.o_bias is not None:
+                x = x + layer.o_bias
             h = _rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gate, up = torch.mm(h, layer.gate_up).chunk(2, dim=-1)
             x = x + torch.mm(F.silu(gate) * up, layer.down_proj)
@@ -197,6 +229,10 @@ class LlamaModel(nn.Module):
         sink_cos = sink_sin = None
         if tokens.sink_positions is not None:
             sink_cos, sink_sin = rope_cos_sin(self.inv_freq, tokens.sink_positions)
+        if not c.plain_layers:
+            x = self._layers_one_by_one(self._embed(input_ids), batch, cache, (cos, sin, sink_cos, sink_sin), ops)
+            x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
+            return cast(Tensor, ops.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
         x = ops.decoder_layers(
             self._embed(input_ids),
             self.fused_weights(),
@@ -228,6 +264,57 @@ class LlamaModel(nn.Module):
         if not self._fused_weights:
             self._fused_weights = self._list_fused_weights()
         return self._fused_weights
+
+    def _layers_one_by_one(
+        self,
+        x: Tensor,
+        batch: PagedBatch,
+        cache: KVCache,
+        rope: tuple[Tensor, Tensor, Tensor | None, Tensor | None],
+        ops: Any,
+    ) -> Tensor:
+        """``decoder_layers``' kernels called per layer from Python, with the families' extra
+        steps between them (q/k/v and o biases, q/k norms). About ten calls a layer: for a
+        24-layer model a millisecond or two a step, against tens of milliseconds of weights."""
+        c = self.config
+        tokens = batch.tokens
+        cos, sin, sink_cos, sink_sin = rope
+        width = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        scale = 1.0 / math.sqrt(c.head_dim)
+        for i, layer in enumerate(self._layers()):
+            kc, vc = cache.k[i], cache.v[i]
+            qkv = ops.linear(ops.rms_norm(x, layer.input_norm, c.rms_norm_eps), *layer.packed("qkv"), width, None)
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            if layer.q_norm is not None and layer.k_norm is not None:
+                for start, size, weight in ((0, q_out, layer.q_norm), (q_out, kv_out, layer.k_norm)):
+                    heads = qkv[:, start : start + size].reshape(-1, c.head_dim)
+                    normed = ops.rms_norm(heads, weight, c.rms_norm_eps)
+                    qkv[:, start : start + size] = normed.view(-1, size)
+            q, q_sink = ops.rope_store(qkv, cos, sin, sink_cos, sink_sin, tokens.slot_mapping, kc, vc, c.num_heads)
+            attn = ops.paged_attention(
+                q,
+                q_sink if sink_cos is not None else None,
+                kc,
+                vc,
+                batch.query_start,
+                tokens.positions,
+                batch.block_logical,
+                batch.block_physical,
+                batch.block_count,
+                batch.block_size,
+                batch.window,
+                batch.sinks,
+                scale,
+            )
+            x = ops.linear(attn, *layer.packed("o_proj"), c.hidden_size, x)
+            if layer.o_bias is not None:
+                x += layer.o_bias
+            h = ops.rms_norm(x, layer.post_norm, c.rms_norm_eps)
+            act = ops.silu_mul(ops.linear(h, *layer.packed("gate_up"), 2 * c.intermediate_size, None))
+            x = ops.linear(act, *layer.packed("down_proj"), c.hidden_size, x)
+        return x
 
     def _list_fused_weights(self) -> list[Tensor]:
         out: list[Tensor] = []
@@ -285,8 +372,17 @@ class LlamaModel(nn.Module):
                 layer.down_proj.copy_(take(p + "mlp.down_proj.weight").t())
                 layer.input_norm.copy_(take(p + "input_layernorm.weight"))
                 layer.post_norm.copy_(take(p + "post_attention_layernorm.weight"))
+                if layer.qkv_bias is not None:
+                    layer.qkv_bias.copy_(torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in ("q", "k", "v")]))
+                if layer.o_bias is not None:
+                    layer.o_bias.copy_(take(p + "self_attn.o_proj.bias"))
+                if layer.q_norm is not None and layer.k_norm is not None:
+                    layer.q_norm.copy_(take(p + "self_attn.q_norm.weight"))
+                    layer.k_norm.copy_(take(p + "self_attn.k_norm.weight"))
         if missing:
-            raise ValueError(f"weights are missing tensors {missing[:3]}...; is this a Llama checkpoint?")
+            raise ValueError(
+                f"weights are missing tensors {missing[:3]}...; is this a {c.model_type} checkpoint of this config?"
+            )
 
 
 class _Layer(nn.Module):
@@ -296,6 +392,10 @@ class _Layer(nn.Module):
     down_proj: nn.Parameter
     input_norm: nn.Parameter
     post_norm: nn.Parameter
+    qkv_bias: nn.Parameter | None
+    o_bias: nn.Parameter | None
+    q_norm: nn.Parameter | None
+    k_norm: nn.Parameter | None
 
     def __init__(self, c: ModelConfig, q_out: int, kv_out: int) -> None:
         super().__init__()
@@ -308,6 +408,14 @@ class _Layer(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(f, h), requires_grad=False)
         self.input_norm = nn.Parameter(torch.ones(h), requires_grad=False)
         self.post_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+
+        def optional(on: bool, size: int, fill: float) -> nn.Parameter | None:
+            return nn.Parameter(torch.full((size,), fill), requires_grad=False) if on else None
+
+        self.qkv_bias = optional(c.qkv_bias, q_out + 2 * kv_out, 0.0)
+        self.o_bias = optional(c.o_bias, h, 0.0)
+        self.q_norm = optional(c.qk_norm, c.head_dim, 1.0)
+        self.k_norm = optional(c.qk_norm, c.head_dim, 1.0)
         # per dense layer, once packed: the tiles' scale and offset (none for float32)
         self.scales: dict[str, tuple[Tensor, Tensor]] = {}
 

@@ -14,6 +14,7 @@ import torch
 from metronome_engine import EngineCore, KVPolicy, StepRequest
 from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
+from metronome_engine.quant import Quantize
 from metronome_engine.weights import load_model, resolve_model_dir
 
 from .roofline import Roofline, RooflineProbe, decode_step_cost, engine_bytes_read, measure_roofline
@@ -54,6 +55,7 @@ class StepResult:
     honest_floor_ms: float
     read_gbs: float
     torch_ms: float | None = None
+    baseline_ms: float | None = None  # the engine on --baseline's weights, in turn with the others
 
     def as_dict(self) -> dict[str, float | int | None]:
         d = asdict(self)
@@ -62,6 +64,7 @@ class StepResult:
         d["engine_vs_floor"] = self.engine_ms / self.floor_ms
         d["engine_vs_floor_peak"] = self.engine_ms / self.floor_peak_ms
         d["engine_vs_honest_floor"] = self.engine_ms / self.honest_floor_ms
+        d["engine_vs_baseline"] = self.engine_ms / self.baseline_ms if self.baseline_ms else None
         return d
 
 
@@ -165,15 +168,16 @@ def engine_prefill_stepper(model: LlamaModel, chunk: int, context: int, kernels:
 
 
 def _hf_model(model_name: str) -> Any:
-    from transformers import LlamaForCausalLM
+    """HF's model class for the folder (``AutoModelForCausalLM``)."""
+    from transformers import AutoModelForCausalLM
 
-    hf = LlamaForCausalLM.from_pretrained(str(resolve_model_dir(model_name)), dtype=torch.float32)
+    hf = AutoModelForCausalLM.from_pretrained(str(resolve_model_dir(model_name)), dtype=torch.float32)
     hf.train(False)
     return hf
 
 
 def hf_stepper(hf: Any, contexts: list[int], seed: int = 0) -> Stepper:
-    """HF ``LlamaForCausalLM`` with its ``DynamicCache``: left-padded batch, one token per step."""
+    """HF's model with its ``DynamicCache``: left-padded batch, one token per step."""
     vocab = hf.config.vocab_size
     gen = torch.Generator().manual_seed(seed)
     width = max(contexts)
@@ -238,6 +242,8 @@ def run_step_bench(
     prefill_context: int = 256,
     roofline: Roofline | None = None,
     on_progress: Callable[[str], None] | None = None,
+    quantize: Quantize | None = None,
+    baseline: str | None = None,
 ) -> StepReport:
     """Each batch's medians (and each prefill chunk's); the machine's peak roofline; the
     engine path that ran with its weights' layout (``weights_layout``). ``with_torch``
@@ -247,11 +253,16 @@ def run_step_bench(
     The floor is measured twice. Once before, as the best of five runs: the machine's
     peak. And once per batch, its probes taken in turn with the engines' steps, as a
     median: on a shared machine the load swings 20-50% within a run, and the engines'
-    medians meet that load, so the floor they are held to should meet it too."""
+    medians meet that load, so the floor they are held to should meet it too.
+
+    ``quantize`` quantizes ``model``'s weights on load; ``baseline`` (another model, as it
+    loads) runs the engine on it too, its steps in turn with the rest: for instance a folder
+    quantized here against the GGUF file it came from."""
     say = on_progress or (lambda _msg: None)
     probe = RooflineProbe()
     peak = roofline or measure_roofline(probe=probe)
-    weights = load_model(model)  # once: every batch's engine serves the same weights
+    weights = load_model(model, quantize=quantize)  # once: every batch's engine serves the same weights
+    base = load_model(baseline) if baseline is not None else None
     hf = _hf_model(model) if with_hf else None
     fused, isa = engine_path(weights, kernels)
     plain: LlamaModel | None = None  # the torch path's model: the same one unless packed in place
@@ -261,9 +272,11 @@ def run_step_bench(
         say(f"batch {batch}: engine")
         steppers = [engine_stepper(weights, ctx, steps, kernels=kernels)]
         if with_torch and fused:
-            plain = plain or (load_model(model) if weights.packed else weights)
+            plain = plain or (load_model(model, quantize=quantize) if weights.packed else weights)
             say(f"batch {batch}: the engine's torch path")
             steppers.append(engine_stepper(plain, ctx, steps, kernels="torch"))
+        if base is not None:
+            steppers.append(engine_stepper(base, ctx, steps, kernels=kernels))
         if hf is not None:
             say(f"batch {batch}: HF transformers")
             steppers.append(hf_stepper(hf, ctx))
@@ -274,6 +287,7 @@ def run_step_bench(
         medians = interleaved_medians(steppers + probes, steps)
         engine_ms = medians[0]
         torch_ms = medians[1] if with_torch and fused else None
+        base_ms = medians[1 + (torch_ms is not None)] if base is not None else None
         hf_ms = medians[len(steppers) - 1] if hf is not None else None
         times = medians[len(steppers) :]
         in_turn = probe.roofline(times[0] / 1e3, times[1] / 1e3)
@@ -296,6 +310,7 @@ def run_step_bench(
                 honest,
                 read_gbs,
                 torch_ms,
+                base_ms,
             )
         )
     prefills: list[PrefillResult] = []
@@ -303,7 +318,7 @@ def run_step_bench(
         say(f"prefill: {chunk} tokens ending a {prefill_context}-token context, in turn")
         pre: list[Stepper] = [engine_prefill_stepper(weights, chunk, prefill_context, kernels)]
         if with_torch and fused:
-            plain = plain or (load_model(model) if weights.packed else weights)
+            plain = plain or (load_model(model, quantize=quantize) if weights.packed else weights)
             pre.append(engine_prefill_stepper(plain, chunk, prefill_context, "torch"))
         if hf is not None:
             pre.append(hf_prefill_stepper(hf, chunk, prefill_context))

@@ -58,7 +58,11 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=_batches, default=[1, 8, 32], help="batch sizes (default 1,8,32)")
     p.add_argument("--steps", type=int, default=10, help="timed decode steps per measurement (median)")
     p.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="known model name, HF folder or .gguf file")
+    p.add_argument(
+        "--quantize", choices=["q8_0", "q4_1"], default=None, help="quantize --model's weights on load (cached)"
+    )
+    p.add_argument("--baseline", default=None, help="also time the engine on this model, in turn (e.g. a GGUF)")
     p.add_argument(
         "--kernels",
         choices=["auto", "fused", "torch"],
@@ -107,17 +111,22 @@ def _run(args: argparse.Namespace) -> int:
         with_torch=not args.no_torch,
         prefill=tuple(args.prefill),
         on_progress=say,
+        quantize=args.quantize,
+        baseline=args.baseline,
     )
     roof, kernels, layout = run.peak, run.kernels, run.weights
     batches = [r.as_dict() for r in run.results]
     prefill = [p.as_dict() for p in run.prefill]
     report = {
+        "model": args.model,
         "batches": batches,
         "prefill": prefill,
         "kernels": kernels,
         "isa": run.isa,
         "auto": choice.as_dict() if choice is not None else None,
         "weights": layout,
+        "quantize": args.quantize,
+        "baseline": args.baseline,
         "gemm_gflops": roof.gemm_gflops,
         "copy_gbs": roof.copy_gbs,
         "machine": {
@@ -137,6 +146,7 @@ def _run(args: argparse.Namespace) -> int:
         )
         if choice is not None:
             print(f"kernels=auto chose {choice.name}; ms per regime: {choice.times_ms}")
+        base = ["baseline ms", "engine/baseline"] if args.baseline else []
         print_table(
             [
                 "batch",
@@ -149,6 +159,7 @@ def _run(args: argparse.Namespace) -> int:
                 "engine/HF",
                 "engine/floor",
                 "engine/honest",
+                *base,
             ],
             [
                 [
@@ -162,6 +173,7 @@ def _run(args: argparse.Namespace) -> int:
                     b["engine_vs_hf"],
                     b["engine_vs_floor"],
                     b["engine_vs_honest_floor"],
+                    *([b["baseline_ms"], b["engine_vs_baseline"]] if args.baseline else []),
                 ]
                 for b in batches
             ],
@@ -171,6 +183,8 @@ def _run(args: argparse.Namespace) -> int:
             "this engine's weights and K/V take at the read bandwidth, or its FLOPs at its arithmetic's rate, "
             "both measured in turn"
         )
+        if args.baseline:
+            print(f"baseline: the engine on {args.baseline}, its steps in turn with the engine's")
         if prefill:
             print_table(
                 ["prefill chunk", "context", "engine ms", "torch path ms", "HF ms", "engine tok/s", "HF tok/s"],
