@@ -225,6 +225,7 @@ class LlamaModel(nn.Module):
             c.num_heads,
             c.intermediate_size,
             c.rms_norm_eps,
+            batch.pinned,
         )
         x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
         return cast(Tensor, torch.ops.metronome.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
