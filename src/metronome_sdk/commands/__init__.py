@@ -8,9 +8,19 @@ from .bench_cliff import BENCH_CLIFF
 from .bench_step import BENCH_STEP
 from .bench_sweep import BENCH_SWEEP
 from .demo import DEMO
+from .eval_memory import EVAL_MEMORY
 from .eval_ppl import EVAL_PPL
 from .eval_quality import EVAL_QUALITY
 
 __all__ = ["COMMANDS", "Command"]
 
-COMMANDS: tuple[Command, ...] = (DEMO, EVAL_PPL, EVAL_QUALITY, BENCH_STEP, BENCH_CLIFF, BENCH_SWEEP, BENCH_ADMIT)
+COMMANDS: tuple[Command, ...] = (
+    DEMO,
+    EVAL_PPL,
+    EVAL_QUALITY,
+    EVAL_MEMORY,
+    BENCH_STEP,
+    BENCH_CLIFF,
+    BENCH_SWEEP,
+    BENCH_ADMIT,
+)
