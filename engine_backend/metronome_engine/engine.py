@@ -28,6 +28,7 @@ from .kv_cache import KVCache
 from .kv_policy import KVPolicy
 from .model import LlamaModel
 from .paged import PagedBatch
+from .quant import Quantize
 from .sampling import SamplingParams, sample
 from .sequence import SequenceKV
 
@@ -150,6 +151,7 @@ class EngineCore:
         else:
             assert memory_bytes is not None
             self.pool = BlockPool.from_budget(memory_bytes, bytes_per_block=bytes_per_block, block_size=block_size)
+        model.config.check_kv_window(policy.window)
         bound = policy.max_blocks(block_size)
         if bound is not None and bound > self.pool.num_blocks:
             raise ValueError(
@@ -179,11 +181,13 @@ class EngineCore:
         memory_bytes: int | None = None,
         block_size: int = 16,
         kernels: Kernels = "auto",
+        quantize: Quantize | None = None,
     ) -> EngineCore:
+        """An engine on ``model``'s weights (``weights.load_model``; ``quantize`` there)."""
         from .weights import load_model
 
         return cls(
-            load_model(model, device=device),
+            load_model(model, device=device, quantize=quantize),
             policy=policy,
             num_blocks=num_blocks,
             memory_bytes=memory_bytes,

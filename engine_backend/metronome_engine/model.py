@@ -1,5 +1,9 @@
 """A compact Llama-family model that reads K/V from the paged block pool.
 
+The families differ by a few options of ``ModelConfig``, each a step of the one layer
+here: scaled RoPE frequencies (Llama 3), q/k/v and o biases (Qwen2, ``attention_bias``),
+per-head q/k RMSNorm (Qwen3), an untied output head.
+
 One forward pass serves a whole tick: the new tokens of every session are packed
 into one ``[T, hidden]`` matrix for the dense layers; attention gathers each
 session's resident K/V through its block table (see ``attention.py``).
@@ -15,6 +19,7 @@ The result equals rotating every resident token at its cache position ``0..S+W-1
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, cast
 
@@ -31,7 +36,7 @@ from .quant import QuantBlocks, pack_tiles, tile_rows
 if TYPE_CHECKING:
     from .paged import PagedBatch
 
-__all__ = ["LlamaModel", "rope_cos_sin", "apply_rope", "pack_panels"]
+__all__ = ["LlamaModel", "rope_cos_sin", "rope_inv_freq", "apply_rope", "pack_panels"]
 
 PANEL = 32  # columns per panel of a packed weight (kPanel in kernels/ops.cpp)
 
@@ -44,6 +49,27 @@ _LINEARS = (
     ("gate_up", ("mlp.gate_proj", "mlp.up_proj")),
     ("down_proj", ("mlp.down_proj",)),
 )
+
+
+def rope_inv_freq(config: ModelConfig) -> torch.Tensor:
+    """RoPE's inverse frequencies (float32), scaled as ``config.rope_scaling`` says, as HF
+    transformers computes them."""
+    hd = config.head_dim
+    inv = 1.0 / (config.rope_theta ** (torch.arange(0, hd, 2, dtype=torch.int64).float() / hd))
+    scaling = config.rope_scaling
+    if scaling is None:
+        return inv
+    if scaling.kind == "linear":
+        return inv / scaling.factor
+    old = scaling.original_max_position_embeddings
+    low_wavelen = old / scaling.low_freq_factor
+    high_wavelen = old / scaling.high_freq_factor
+    wavelen = 2 * math.pi / inv
+    scaled = torch.where(wavelen > low_wavelen, inv / scaling.factor, inv)
+    smooth = (old / wavelen - scaling.low_freq_factor) / (scaling.high_freq_factor - scaling.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / scaling.factor + smooth * scaled
+    medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(medium, smoothed, scaled)
 
 
 def rope_cos_sin(inv_freq: Tensor, positions: Tensor) -> tuple[Tensor, Tensor]:
@@ -77,11 +103,10 @@ class LlamaModel(nn.Module):
         )
         self.layers = nn.ModuleList(_Layer(c, q_out, kv_out) for _ in range(c.num_layers))
         self.norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
-        inv_freq = 1.0 / (c.rope_theta ** (torch.arange(0, c.head_dim, 2, dtype=torch.int64).float() / c.head_dim))
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(c), persistent=False)
         self.packed = False  # dense weights in the fused kernels' layout (see pack_weights)
         self.tiles = False  # ... and that layout is blocks in AMX tiles
-        # the weights as GGUF blocks, where the loader read them from a GGUF file
+        # the weights as blocks, where the loader read them from a GGUF file or quantized them
         self.block_source: Callable[[], Mapping[str, QuantBlocks]] | None = None
         self.head_scale = self.head_offset = torch.empty(0)
         # every layer's packed weights in decoder_layers' order, listed once by pack_weights:
@@ -93,7 +118,8 @@ class LlamaModel(nn.Module):
         is kept: afterwards the model serves engines with fused kernels only. Idempotent.
 
         With ``tiles`` (the default), where the CPU has AMX tiles and the model came from a
-        GGUF file whose blocks reproduce its float32 weights exactly, each weight becomes its
+        GGUF file or was quantized on load, so that its blocks reproduce its float32 weights
+        exactly, each weight becomes its
         blocks in tiles (``quant.pack_tiles``: a fifth of the bytes). Otherwise, float32
         panels ``[ceil(N / 32), K, 32]`` for a ``[K, N]`` weight."""
         if self.packed:
@@ -118,7 +144,7 @@ class LlamaModel(nn.Module):
         self.fused_weights = self._list_fused_weights()
 
     def _exact_blocks(self) -> dict[str, QuantBlocks] | None:
-        """Each dense layer's GGUF blocks, fused as the model fuses them, if the tiles can
+        """Each dense layer's blocks, fused as the model fuses them, if the tiles can
         run here and every block de-quantizes to exactly the weight the model holds."""
         from . import kernels
 
@@ -134,11 +160,11 @@ class LlamaModel(nn.Module):
         out = {}
         for key, (names, weight) in wanted.items():
             if any(n not in source for n in names):
-                log.info("no GGUF blocks for %s: float32 panels", names[0])
+                log.info("no blocks for %s: float32 panels", names[0])
                 return None
             fused = QuantBlocks.cat([source[n] for n in names])
             if not torch.equal(fused.dequantize().t(), weight):
-                log.warning("GGUF blocks of %s differ from the loaded weights: float32 panels", names[0])
+                log.warning("the blocks of %s differ from the loaded weights: float32 panels", names[0])
                 return None
             out[key] = fused
         return out
@@ -170,10 +196,15 @@ class LlamaModel(nn.Module):
         for i, layer in enumerate(self._layers()):
             h = _rms_norm(x, layer.input_norm, c.rms_norm_eps)
             qkv = torch.mm(h, layer.qkv)
+            if layer.qkv_bias is not None:
+                qkv = qkv + layer.qkv_bias
             q, k, v = torch.split(qkv, [layer.q_out, layer.kv_out, layer.kv_out], dim=-1)
             q = q.view(-1, c.num_heads, c.head_dim)
             k = k.view(-1, c.num_kv_heads, c.head_dim)
             v = v.view(-1, c.num_kv_heads, c.head_dim)
+            if layer.q_norm is not None and layer.k_norm is not None:
+                q = _rms_norm(q, layer.q_norm, c.rms_norm_eps)
+                k = _rms_norm(k, layer.k_norm, c.rms_norm_eps)
             q_stream = apply_rope(q, cos, sin)
             q_sink = apply_rope(q, *sink_rope) if sink_rope is not None else None
             k = apply_rope(k, cos, sin)
@@ -187,6 +218,8 @@ class LlamaModel(nn.Module):
             v_view.index_copy_(1, batch.view_mapping, v_t)
             attn = batch.attend(q_stream, q_sink, k_view, v_view)
             x = x + torch.mm(attn, layer.o_proj)
+            if layer.o_bias is not None:
+                x = x + layer.o_bias
             h = _rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gate, up = torch.mm(h, layer.gate_up).chunk(2, dim=-1)
             x = x + torch.mm(F.silu(gate) * up, layer.down_proj)
@@ -204,6 +237,10 @@ class LlamaModel(nn.Module):
         sink_cos = sink_sin = None
         if tokens.sink_positions is not None:
             sink_cos, sink_sin = rope_cos_sin(self.inv_freq, tokens.sink_positions)
+        if not c.plain_layers:
+            x = self._layers_one_by_one(self._embed(input_ids), batch, cache, (cos, sin, sink_cos, sink_sin))
+            x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
+            return cast(Tensor, torch.ops.metronome.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
         x = torch.ops.metronome.decoder_layers(
             self._embed(input_ids),
             self.fused_weights,
@@ -229,6 +266,54 @@ class LlamaModel(nn.Module):
         )
         x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
         return cast(Tensor, torch.ops.metronome.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
+
+    def _layers_one_by_one(
+        self, x: Tensor, batch: PagedBatch, cache: KVCache, rope: tuple[Tensor, Tensor, Tensor | None, Tensor | None]
+    ) -> Tensor:
+        """``decoder_layers``' kernels called per layer from Python, with the families' extra
+        steps between them (q/k/v and o biases, q/k norms). About ten calls a layer: for a
+        24-layer model a millisecond or two a step, against tens of milliseconds of weights."""
+        ops = torch.ops.metronome
+        c = self.config
+        tokens = batch.tokens
+        cos, sin, sink_cos, sink_sin = rope
+        width = (c.num_heads + 2 * c.num_kv_heads) * c.head_dim
+        q_out, kv_out = c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim
+        scale = 1.0 / math.sqrt(c.head_dim)
+        for i, layer in enumerate(self._layers()):
+            kc, vc = cache.k[i], cache.v[i]
+            qkv = ops.linear(ops.rms_norm(x, layer.input_norm, c.rms_norm_eps), *layer.packed("qkv"), width, None)
+            if layer.qkv_bias is not None:
+                qkv += layer.qkv_bias
+            if layer.q_norm is not None and layer.k_norm is not None:
+                for start, size, weight in ((0, q_out, layer.q_norm), (q_out, kv_out, layer.k_norm)):
+                    heads = qkv[:, start : start + size].reshape(-1, c.head_dim)
+                    normed = ops.rms_norm(heads, weight, c.rms_norm_eps)
+                    qkv[:, start : start + size] = normed.view(-1, size)
+            q, q_sink = ops.rope_store(qkv, cos, sin, sink_cos, sink_sin, tokens.slot_mapping, kc, vc, c.num_heads)
+            attn = ops.paged_attention(
+                q,
+                q_sink if sink_cos is not None else None,
+                kc,
+                vc,
+                batch.query_start,
+                tokens.positions,
+                batch.block_logical,
+                batch.block_physical,
+                batch.block_count,
+                batch.block_size,
+                batch.window,
+                batch.sinks,
+                scale,
+                batch.pinned,
+            )
+            x = ops.linear(attn, *layer.packed("o_proj"), c.hidden_size, x)
+            if layer.o_bias is not None:
+                x += layer.o_bias
+            h = ops.rms_norm(x, layer.post_norm, c.rms_norm_eps)
+            act = ops.silu_mul(ops.linear(h, *layer.packed("gate_up"), 2 * c.intermediate_size, None))
+            x = ops.linear(act, *layer.packed("down_proj"), c.hidden_size, x)
+        return x
 
     def _list_fused_weights(self) -> list[Tensor]:
         # per layer, as kernels/ops.cpp's decoder_layers reads them: a norm, two dense
@@ -285,8 +370,17 @@ class LlamaModel(nn.Module):
                 layer.down_proj.copy_(take(p + "mlp.down_proj.weight").t())
                 layer.input_norm.copy_(take(p + "input_layernorm.weight"))
                 layer.post_norm.copy_(take(p + "post_attention_layernorm.weight"))
+                if layer.qkv_bias is not None:
+                    layer.qkv_bias.copy_(torch.cat([take(p + f"self_attn.{n}_proj.bias") for n in ("q", "k", "v")]))
+                if layer.o_bias is not None:
+                    layer.o_bias.copy_(take(p + "self_attn.o_proj.bias"))
+                if layer.q_norm is not None and layer.k_norm is not None:
+                    layer.q_norm.copy_(take(p + "self_attn.q_norm.weight"))
+                    layer.k_norm.copy_(take(p + "self_attn.k_norm.weight"))
         if missing:
-            raise ValueError(f"weights are missing tensors {missing[:3]}...; is this a Llama checkpoint?")
+            raise ValueError(
+                f"weights are missing tensors {missing[:3]}...; is this a {c.model_type} checkpoint of this config?"
+            )
 
 
 class _Layer(nn.Module):
@@ -296,6 +390,10 @@ class _Layer(nn.Module):
     down_proj: nn.Parameter
     input_norm: nn.Parameter
     post_norm: nn.Parameter
+    qkv_bias: nn.Parameter | None
+    o_bias: nn.Parameter | None
+    q_norm: nn.Parameter | None
+    k_norm: nn.Parameter | None
 
     def __init__(self, c: ModelConfig, q_out: int, kv_out: int) -> None:
         super().__init__()
@@ -308,6 +406,14 @@ class _Layer(nn.Module):
         self.down_proj = nn.Parameter(torch.empty(f, h), requires_grad=False)
         self.input_norm = nn.Parameter(torch.ones(h), requires_grad=False)
         self.post_norm = nn.Parameter(torch.ones(h), requires_grad=False)
+
+        def optional(on: bool, size: int, fill: float) -> nn.Parameter | None:
+            return nn.Parameter(torch.full((size,), fill), requires_grad=False) if on else None
+
+        self.qkv_bias = optional(c.qkv_bias, q_out + 2 * kv_out, 0.0)
+        self.o_bias = optional(c.o_bias, h, 0.0)
+        self.q_norm = optional(c.qk_norm, c.head_dim, 1.0)
+        self.k_norm = optional(c.qk_norm, c.head_dim, 1.0)
         # per dense layer, once packed: the tiles' scale and offset (empty for panels)
         self.scales: dict[str, tuple[Tensor, Tensor]] = {}
 

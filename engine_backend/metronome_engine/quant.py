@@ -1,5 +1,9 @@
 """Low-bit weight blocks (GGUF Q4_1 and Q8_0) and the tile layout the AMX kernels read.
 
+Blocks come from a GGUF file (``read_gguf_blocks``) or from quantizing float weights on
+load (``quantize_weight``: the same two formats, computed as llama.cpp's reference
+quantizer computes them, so a safetensors folder quantized here feeds the same kernels).
+
 GGUF stores a weight ``[N, K]`` in blocks of 32 along K:
 ``W[n, k] = scale[n, k // 32] * q[n, k] + offset[n, k // 32]``, with ``q`` a 4-bit
 (Q4_1) or 8-bit (Q8_0, no offset) integer and the scale and offset float16. In float32
@@ -16,6 +20,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -23,10 +28,25 @@ from torch import Tensor
 
 from .config import ModelConfig
 
-__all__ = ["BLOCK", "TILE_COLS", "QuantBlocks", "pack_tiles", "read_gguf_blocks", "tile_rows"]
+__all__ = [
+    "BLOCK",
+    "QUANT_KINDS",
+    "TILE_COLS",
+    "QuantBlocks",
+    "Quantize",
+    "pack_tiles",
+    "quantize_weight",
+    "read_gguf_blocks",
+    "tile_rows",
+]
 
 BLOCK = 32  # k per block (GGUF's QK4_1 and QK8_0)
 TILE_COLS = 16  # output columns per tile (kCols in kernels/tiles.cpp)
+
+# weight-only quantization on load: 8-bit blocks (Q8_0: int8, one scale per 32) or 4-bit
+# blocks (Q4_1: 0..15, a scale and an offset per 32)
+Quantize = Literal["q8_0", "q4_1"]
+QUANT_KINDS: tuple[Quantize, ...] = ("q8_0", "q4_1")
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +74,29 @@ class QuantBlocks:
             torch.cat([p.scale for p in parts]),
             torch.cat(offsets) if any(p.offset is not None for p in parts) else None,
         )
+
+
+def quantize_weight(weight: Tensor, kind: Quantize) -> QuantBlocks:
+    """A float weight ``[N, K]`` (K a multiple of 32) as blocks of 32 along K, with the scale
+    and offset rounded to float16 as GGUF stores them and ``q`` chosen against the rounded
+    values. ``q4_1``: offset = the block's minimum, scale = range / 15, q in 0..15.
+    ``q8_0``: scale = the block's largest magnitude / 127, q in -127..127, no offset."""
+    if kind not in QUANT_KINDS:
+        raise ValueError(f"quantize must be one of {list(QUANT_KINDS)} or None, got {kind!r}")
+    if weight.dim() != 2 or weight.shape[1] % BLOCK:
+        raise ValueError(f"a weight to quantize must be [N, K] with K a multiple of {BLOCK}, got {tuple(weight.shape)}")
+    n, k = weight.shape
+    w = weight.to(torch.float32).view(n, k // BLOCK, BLOCK)
+    if kind == "q8_0":
+        scale = (w.abs().amax(-1) / 127).half().float()
+        inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+        q = (w * inv[..., None]).round().clamp(-127, 127).to(torch.int8)
+        return QuantBlocks(q.view(n, k), scale, None)
+    low = w.amin(-1).half().float()
+    scale = ((w.amax(-1) - low) / 15).half().float()
+    inv = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
+    q = ((w - low[..., None]) * inv[..., None]).round().clamp(0, 15).to(torch.int8)
+    return QuantBlocks(q.view(n, k), scale, low)
 
 
 def pack_tiles(blocks: QuantBlocks) -> tuple[Tensor, Tensor, Tensor]:
@@ -123,19 +166,22 @@ _LAYER_NAMES = {
 
 
 def read_gguf_blocks(path: Path, config: ModelConfig) -> dict[str, QuantBlocks]:
-    """The Q4_1 and Q8_0 weights of a Llama GGUF file, by HF name. Rows of q and k are
-    put back in HF's order (GGUF interleaves each head's rotary halves), as the loader does."""
+    """The Q4_1 and Q8_0 weights of a GGUF file (Llama, Mistral, Qwen2, Qwen3), by HF name.
+    Other tensor types are left out (their weights load as float32). In a file of the
+    ``llama`` architecture the rows of q and k are put back in HF's order (llama.cpp's
+    converter interleaves each head's rotary halves there, and only there), as the loader does."""
     out: dict[str, QuantBlocks] = {}
     with open(path, "rb") as f:
         data = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
-    for gguf_name, kind, rows, row_bytes, offset in _gguf_tensors(data):
+    arch, tensors = _gguf_tensors(data)
+    for gguf_name, kind, rows, row_bytes, offset in tensors:
         name = _hf_name(gguf_name)
         if name is None or kind not in _KINDS:
             continue
         blocks = _decode(data[offset : offset + rows * row_bytes].reshape(rows, row_bytes), _KINDS[kind])
-        if name.endswith("q_proj.weight"):
+        if arch == "llama" and name.endswith("q_proj.weight"):
             blocks = _unpermute(blocks, config.num_heads)
-        elif name.endswith("k_proj.weight"):
+        elif arch == "llama" and name.endswith("k_proj.weight"):
             blocks = _unpermute(blocks, config.num_kv_heads)
         out[name] = blocks
     return out
@@ -147,8 +193,9 @@ _BLOCK_BYTES = {"Q4_1": 20, "Q8_0": 34}
 _SCALAR_BYTES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 
 
-def _gguf_tensors(data: np.ndarray) -> list[tuple[str, int, int, int, int]]:
-    """(name, type id, rows, bytes a row, data offset) of each tensor in a GGUF v2/v3 file.
+def _gguf_tensors(data: np.ndarray) -> tuple[str, list[tuple[str, int, int, int, int]]]:
+    """The file's ``general.architecture``, and (name, type id, rows, bytes a row, data
+    offset) of each tensor in a GGUF v2/v3 file.
 
     A reader of its own: ``gguf.GGUFReader`` also decodes every metadata field (the
     tokenizer's 100,000 strings), which takes seconds."""
@@ -156,7 +203,7 @@ def _gguf_tensors(data: np.ndarray) -> list[tuple[str, int, int, int, int]]:
     if bytes(buf[:4]) != b"GGUF":
         raise ValueError("not a GGUF file")
     _, n_tensors, n_kv = struct.unpack_from("<IQQ", buf, 4)
-    pos, alignment = 24, 32
+    pos, alignment, arch = 24, 32, ""
 
     def string(at: int) -> tuple[str, int]:
         (length,) = struct.unpack_from("<Q", buf, at)
@@ -183,6 +230,8 @@ def _gguf_tensors(data: np.ndarray) -> list[tuple[str, int, int, int, int]]:
         (kind,) = struct.unpack_from("<I", buf, pos)
         if key == "general.alignment":
             (alignment,) = struct.unpack_from("<I", buf, pos + 4)
+        elif key == "general.architecture" and kind == 8:
+            arch, _ = string(pos + 4)
         pos = skip(kind, pos + 4)
     infos = []
     for _ in range(n_tensors):
@@ -198,7 +247,7 @@ def _gguf_tensors(data: np.ndarray) -> list[tuple[str, int, int, int, int]]:
         rows = int(np.prod(dims[1:])) if len(dims) > 1 else 1
         row_bytes = dims[0] // BLOCK * _BLOCK_BYTES[_KINDS[kind]] if kind in _KINDS else 0
         out.append((name, kind, rows, row_bytes, start + offset))
-    return out
+    return arch, out
 
 
 def _hf_name(gguf_name: str) -> str | None:

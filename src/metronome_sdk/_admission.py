@@ -15,6 +15,8 @@ from ._config import AdmissionConfig
 
 __all__ = ["AIMDAdmitter", "MemoryGuard"]
 
+UNMEASURED_LIMIT = 4  # a cap that is safe on a small CPU, for an engine that measured nothing
+
 
 def percentile(samples: Iterable[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in ``(0, 1]``) of a non-empty collection."""
@@ -67,7 +69,9 @@ class AIMDAdmitter:
 
     Feed it every frame's latency (``observe``) and call ``update`` once a tick with the
     sessions in flight; it decides at most once per ``config.interval`` seconds.
-    ``admits`` answers whether one more session may open now.
+    ``admits`` answers whether one more session may open now. The cap starts at
+    ``config.initial_limit``, or when that is ``None`` at ``measured`` (the sessions the
+    engine's calibration says a tick holds), or at 4 when nothing was measured.
     """
 
     def __init__(
@@ -77,6 +81,7 @@ class AIMDAdmitter:
         deadline: float,
         guard: MemoryGuard | None = None,
         clock: Callable[[], float] = time.monotonic,
+        measured: int | None = None,
     ) -> None:
         if not deadline > 0:
             raise ValueError(f"deadline must be > 0 seconds, got {deadline!r}")
@@ -84,7 +89,9 @@ class AIMDAdmitter:
         self.deadline = deadline
         self.guard = guard
         self._clock = clock
-        self._limit = self._clamp(self.config.initial_limit)
+        # an explicit initial_limit wins; else the sessions the calibration says a tick holds
+        start = self.config.initial_limit if self.config.initial_limit is not None else measured
+        self._limit = self._clamp(start if start is not None else UNMEASURED_LIMIT)
         self._samples: list[float] = []
         self._peak = 0  # most sessions in flight since the last decision
         self._rejected = 0  # opens refused since the last decision: demand the cap did not see
@@ -125,6 +132,14 @@ class AIMDAdmitter:
     def retry_after(self) -> float:
         """Seconds until the cap may next change (at least a tenth of an interval)."""
         return max(self._next_decision - self._clock(), self.config.interval / 10)
+
+    def cut(self) -> int:
+        """Decrease now, without waiting for a decision: a step ran long (the watchdog's slow verdict)."""
+        c = self.config
+        self._limit = self._clamp(min(self._limit - 1, math.floor(self._limit * c.decrease)))
+        self._samples.clear()
+        self._next_decision = self._clock() + c.interval
+        return self._limit
 
     def update(self, in_flight: int) -> int:
         """Decide if a decision is due; return the cap (changed or not)."""

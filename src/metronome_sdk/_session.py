@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["Session", "default_engine"]
 
 _ids = itertools.count(1)
+MAX_DECODE_TOKENS = 64  # one frame's decode rounds are steps in one tick: more would never fit a deadline
 _defaults: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Engine] = weakref.WeakKeyDictionary()
 
 
@@ -78,6 +79,12 @@ class Session:
     outputs are bounded (``ReliabilityConfig.output_queue``): read them as they come.
     A session the engine ended (``LoadShed``, ``SessionBroken``, ``EngineStalled`` with
     ``reason="engine_failed"``) hands out its unread outputs, then raises that error.
+
+    ``decode_tokens`` is how many tokens a frame's output may carry: the engine decodes
+    up to that many in the frame's tick (extra decode steps within the tick), as the
+    tick's token budget allows, and fewer once the model ends its turn. A consumer that
+    needs text faster than one token a tick (speech synthesis) sets it; it can change
+    between frames (``s.decode_tokens = 4``).
     """
 
     def __init__(
@@ -87,6 +94,7 @@ class Session:
         engine: Engine | None = None,
         sampling: SamplingParams | None = None,
         timeout: float | None = None,
+        decode_tokens: int = 1,
         pin_system_prompt: bool = True,
     ) -> None:
         if not isinstance(pin_system_prompt, bool):
@@ -103,6 +111,7 @@ class Session:
         self._pinned_blocks = 0  # blocks the pinned prompt adds to the session's bound (the memory guard counts them)
         self._sampling = sampling
         self._timeout = timeout
+        self.decode_tokens = decode_tokens
         self._log = get_logger(session_id=self.id)
         self._opened = False
         self._closed = False
@@ -123,6 +132,20 @@ class Session:
         self._dropped = 0  # outputs discarded unread (slow_consumer="drop_oldest")
         self._num_tokens = 0
         self._num_blocks = 0
+
+    @property
+    def decode_tokens(self) -> int:
+        """Most tokens one frame's output carries (decoded within its tick, as the budget allows)."""
+        return self._decode_tokens
+
+    @decode_tokens.setter
+    def decode_tokens(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DECODE_TOKENS:
+            raise ValueError(
+                f"decode_tokens must be an int in [1, {MAX_DECODE_TOKENS}], got {value!r}; "
+                "1 decodes one token a tick, 4 suits a speech consumer"
+            )
+        self._decode_tokens = value
 
     # opening and closing -------------------------------------------------------------------------
 
@@ -267,11 +290,11 @@ class Session:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
         out = await self.step(text)
         parts = [out.text]
-        produced = 1
+        produced = len(out.tokens)
         while not out.stop and produced < max_tokens:
             out = await self.step()
             parts.append(out.text)
-            produced += 1
+            produced += len(out.tokens)
         return "".join(parts)
 
     def __aiter__(self) -> Session:

@@ -43,6 +43,10 @@ class EngineStats:
     shed: int = 0  # sessions shed for leaving outputs unread (LoadShed)
     outputs_dropped: int = 0  # unread outputs discarded (slow_consumer="drop_oldest")
     failed: bool = False  # the engine shut down after max_failed_ticks failed ticks in a row
+    # the per-tick token budget (docs/sessions.md)
+    tick_tokens: int | None = None  # the budget now: most tokens one tick appends (None: no budget)
+    budget_waits: int = 0  # session-ticks a frame waited because the tick's budget was spent
+    slow_steps: int = 0  # steps past the watchdog's limit but within their tokens' measured cost (load shed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -84,3 +88,6 @@ class TickReport:
     step_seconds: float
     used_blocks: int
     pool_blocks: int
+    tokens: int = 0  # tokens the tick appended (extra decode rounds included)
+    waiting: tuple[int, ...] = ()  # ids of sessions with input that waited on the tick's token budget
+    tick_tokens: int | None = None  # the tick's token budget (None: no budget)

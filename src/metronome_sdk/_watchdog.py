@@ -4,11 +4,13 @@ A step on the core thread cannot be interrupted, but the event loop need not wai
 it blindly: it waits in short slices and, each time the step has run another
 ``limit`` seconds (real time: a stuck thread is a wall-clock matter), calls
 ``on_stuck`` at once, while the step is still running. ``on_stuck`` says whether to
-keep waiting or to give up on the step.
+keep waiting or to give up on the step. ``judge`` tells a slow step (one whose tokens
+take that long on this machine, by the measured cost model) from a stuck one.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable
 from typing import Any
 
@@ -16,7 +18,26 @@ import anyio
 
 from ._worker import Job
 
-__all__: list[str] = []  # internal: watch
+__all__: list[str] = []  # internal: watch, Verdict, judge
+
+
+class Verdict(enum.Enum):
+    """What a step that has run past the watchdog's limit is."""
+
+    SLOW = "slow"  # within what its tokens take on this machine: late, still progressing; shed load
+    STUCK = "stuck"  # far past that: answer its frames now
+
+
+def judge(running: float, *, expected: float | None, slack: float) -> Verdict:
+    """Slow or stuck, for a step that has run ``running`` seconds, past the watchdog's limit.
+
+    ``expected`` is what the step's tokens take by the measured cost model at its slowest
+    measured rate (``None``: nothing measured). A step is stuck only once it has run
+    ``slack`` times that: a long prefill on a loaded CPU is slow, not hung.
+    """
+    if expected is not None and running < slack * expected:
+        return Verdict.SLOW
+    return Verdict.STUCK
 
 
 async def watch(

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from metronome_engine import EngineCore, KVPolicy, StepRequest
 from metronome_engine.engine import Kernels
 
-from .tiny import VOCAB, tiny_hf, tiny_runner
+from .tiny import FAMILY_CONFIGS, VOCAB, PreTrainedModel, tiny_family, tiny_hf, tiny_runner
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -15,7 +16,19 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def test_chunked_prefill_then_decode_matches_hf(kernels: Kernels) -> None:
-    hf = tiny_hf(1, tie=False)
+    _check_prefill_then_decode(tiny_hf(1, tie=False), kernels)
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+def test_each_family_matches_hf_after_chunked_prefill_and_decode(family: str, kernels: Kernels) -> None:
+    """Llama 3's scaled RoPE, linear RoPE, attention biases, Qwen2's q/k/v bias, Qwen3's q/k
+    norm, untied heads, Mistral: HF transformers' own model classes on the same weights."""
+    hf = tiny_family(family, seed=1)
+    assert type(hf).__name__.lower().startswith(FAMILY_CONFIGS[family][0].model_type)
+    _check_prefill_then_decode(hf, kernels)
+
+
+def _check_prefill_then_decode(hf: PreTrainedModel, kernels: Kernels) -> None:
     engine = EngineCore(tiny_runner(hf), policy=KVPolicy.full(), num_blocks=64, block_size=4, kernels=kernels)
     gen = torch.Generator().manual_seed(7)
     streams = [torch.randint(0, VOCAB, (40,), generator=gen).tolist() for _ in range(4)]

@@ -35,5 +35,5 @@ def test_a_folder_without_weights_or_of_another_architecture_is_refused(tmp_path
         load_model(tmp_path)
     config["model_type"] = "gpt2"
     (tmp_path / "config.json").write_text(json.dumps(config))
-    with pytest.raises(ValueError, match="not a Llama-family model"):
+    with pytest.raises(ValueError, match="not a family this runner serves"):
         load_model(tmp_path)

@@ -13,18 +13,17 @@ import math
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import LlamaForCausalLM
+from transformers import PreTrainedModel
 
 from metronome_engine import EngineCore, KVPolicy, StepRequest
 from metronome_engine.engine import Kernels
 
-from .tiny import VOCAB, tiny_hf, tiny_runner
+from .tiny import FAMILY_CONFIGS, VOCAB, tiny_family, tiny_hf, tiny_runner
 
 
-def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
+def _rope(x: torch.Tensor, pos: torch.Tensor, inv: torch.Tensor) -> torch.Tensor:
     hd = x.shape[-1]
-    inv = 1.0 / theta ** (torch.arange(0, hd, 2).double() / hd)
-    ang = pos.double()[:, None] * inv[None, :]
+    ang = pos.double()[:, None] * inv.double()[None, :]
     cos, sin = torch.cat((ang, ang), -1).cos().float(), torch.cat((ang, ang), -1).sin().float()
     half = hd // 2
     rot = torch.cat((-x[..., half:], x[..., :half]), -1)
@@ -32,7 +31,7 @@ def _rope(x: torch.Tensor, pos: torch.Tensor, theta: float) -> torch.Tensor:
 
 
 def dense_reference(
-    hf: LlamaForCausalLM,
+    hf: PreTrainedModel,
     tokens: list[int],
     window: int | None,
     sinks: int,
@@ -40,11 +39,14 @@ def dense_reference(
     pinned: int = 0,
 ) -> torch.Tensor:
     """Logits for every token; query t attends to key j <= t when j is a sink (j < S), in the
-    pinned prefix (j < pinned) or in the window (j > t - W)."""
+    pinned prefix (j < pinned) or in the window (j > t - W). RoPE's frequencies are HF's own
+    (scaled as the config says); biases and q/k norms as the checkpoint holds them."""
     c = hf.config
     sd = hf.state_dict()
-    h_, kvh, hd = c.num_attention_heads, c.num_key_value_heads, c.hidden_size // c.num_attention_heads
-    theta = c.rope_parameters["rope_theta"] if getattr(c, "rope_parameters", None) else c.rope_theta
+    h_, kvh = c.num_attention_heads, c.num_key_value_heads
+    hd = getattr(c, "head_dim", None) or c.hidden_size // c.num_attention_heads
+    inv = hf.model.rotary_emb.inv_freq
+    assert hf.model.rotary_emb.attention_scaling == 1.0  # the families here scale frequencies only
 
     def norm(x: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
         return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + c.rms_norm_eps) * w
@@ -54,9 +56,12 @@ def dense_reference(
     for i in range(c.num_hidden_layers):
         p = f"model.layers.{i}."
         h = norm(x, sd[p + "input_layernorm.weight"])
-        q = F.linear(h, sd[p + "self_attn.q_proj.weight"]).view(n, h_, hd)
-        k = F.linear(h, sd[p + "self_attn.k_proj.weight"]).view(n, kvh, hd)
-        v = F.linear(h, sd[p + "self_attn.v_proj.weight"]).view(n, kvh, hd)
+        q, k, v = (
+            F.linear(h, sd[p + f"self_attn.{m}_proj.weight"], sd.get(p + f"self_attn.{m}_proj.bias")).view(n, -1, hd)
+            for m in "qkv"
+        )
+        if p + "self_attn.q_norm.weight" in sd:  # Qwen3: per head, before RoPE
+            q, k = norm(q, sd[p + "self_attn.q_norm.weight"]), norm(k, sd[p + "self_attn.k_norm.weight"])
         out = torch.empty(n, h_, hd)
         for t in range(n):
             if window is None:
@@ -65,18 +70,18 @@ def dense_reference(
                 span = [j for j in range(t + 1) if j < sinks or j < pinned or j > t - window]
             idx = torch.tensor(span)
             pos = idx if original_positions else torch.arange(len(span))
-            ks = _rope(k[idx], pos, theta).repeat_interleave(h_ // kvh, dim=1)  # [L, H, hd]
-            qt = _rope(q[t : t + 1], pos[-1:], theta)[0]  # [H, hd]
+            ks = _rope(k[idx], pos, inv).repeat_interleave(h_ // kvh, dim=1)  # [L, H, hd]
+            qt = _rope(q[t : t + 1], pos[-1:], inv)[0]  # [H, hd]
             att = torch.softmax(torch.einsum("hd,lhd->hl", qt, ks) / hd**0.5, -1)
             out[t] = torch.einsum("hl,lhd->hd", att, v[idx].repeat_interleave(h_ // kvh, dim=1))
-        x = x + F.linear(out.view(n, -1), sd[p + "self_attn.o_proj.weight"])
+        x = x + F.linear(out.view(n, -1), sd[p + "self_attn.o_proj.weight"], sd.get(p + "self_attn.o_proj.bias"))
         h = norm(x, sd[p + "post_attention_layernorm.weight"])
         x = x + F.linear(
             F.silu(F.linear(h, sd[p + "mlp.gate_proj.weight"])) * F.linear(h, sd[p + "mlp.up_proj.weight"]),
             sd[p + "mlp.down_proj.weight"],
         )
     x = norm(x, sd["model.norm.weight"])
-    return F.linear(x, sd["model.embed_tokens.weight"])
+    return F.linear(x, sd.get("lm_head.weight", sd["model.embed_tokens.weight"]))
 
 
 def stream_logits(engine: EngineCore, tokens: list[int], chunks: list[int], pinned: int = 0) -> torch.Tensor:
@@ -98,6 +103,25 @@ def test_window_equals_dense_reference(window: int, sinks: int, block_size: int,
     policy = KVPolicy.windowed(window, sinks=sinks)
     for chunks in ([1] * 60, [7, 1, 13, 2, 30, 7]):  # token by token, and uneven chunks
         engine = EngineCore(tiny_runner(hf), policy=policy, num_blocks=64, block_size=block_size, kernels=kernels)
+        got = stream_logits(engine, tokens, chunks)
+        assert float((got - ref).abs().max() / ref.abs().max()) < 1e-4
+
+
+@pytest.mark.parametrize("family", sorted(FAMILY_CONFIGS))
+@pytest.mark.usefixtures("one_torch_thread")
+def test_each_family_under_a_window_equals_the_dense_reference(family: str, kernels: Kernels) -> None:
+    """Scaled RoPE at in-cache positions, biases, q/k norms, untied heads under window + sinks;
+    and under the full policy the reference is HF's model itself."""
+    hf = tiny_family(family, seed=3)
+    tokens = torch.randint(0, VOCAB, (60,), generator=torch.Generator().manual_seed(5)).tolist()
+    with torch.no_grad():
+        full = hf(torch.tensor([tokens])).logits[0]
+    assert float((dense_reference(hf, tokens, None, 0) - full).abs().max() / full.abs().max()) < 1e-4
+    ref = dense_reference(hf, tokens, 8, 4)
+    for chunks in ([1] * 60, [7, 1, 13, 2, 30, 7]):
+        engine = EngineCore(
+            tiny_runner(hf), policy=KVPolicy.windowed(8, sinks=4), num_blocks=64, block_size=4, kernels=kernels
+        )
         got = stream_logits(engine, tokens, chunks)
         assert float((got - ref).abs().max() / ref.abs().max()) < 1e-4
 
@@ -208,7 +232,7 @@ def test_sessions_pinning_different_prefixes_share_a_step(kernels: Kernels) -> N
 
 
 @functools.cache
-def _long_conversation(pinned: int, n_conv: int) -> tuple[LlamaForCausalLM, list[int], torch.Tensor]:
+def _long_conversation(pinned: int, n_conv: int) -> tuple[PreTrainedModel, list[int], torch.Tensor]:
     """The tiny model, a random stream and its reference logits: computed once for both paths."""
     hf = tiny_hf(9)
     gen = torch.Generator().manual_seed(13)

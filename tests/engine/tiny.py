@@ -1,9 +1,21 @@
-"""A tiny random Llama in HF transformers and the same weights in our runner."""
+"""A tiny random Llama (or another family's model) in HF transformers and the same
+weights in our runner."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
-from transformers import LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AutoModelForCausalLM,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MistralConfig,
+    PretrainedConfig,
+    PreTrainedModel,
+    Qwen2Config,
+    Qwen3Config,
+)
 
 from metronome_engine import EngineCore, KVPolicy, ModelConfig, StepRequest
 from metronome_engine.engine import Kernels
@@ -32,7 +44,57 @@ def tiny_hf(seed: int = 0, *, tie: bool = True) -> LlamaForCausalLM:
     return model
 
 
-def tiny_runner(hf: LlamaForCausalLM) -> LlamaModel:
+_SHAPE: dict[str, Any] = {
+    "vocab_size": VOCAB,
+    "hidden_size": 64,
+    "intermediate_size": 96,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "max_position_embeddings": 256,
+}
+# a short original context, so that llama3's three bands (kept, scaled, blended) all hold
+# some of head_dim 16's eight frequencies
+_LLAMA3 = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 64,
+}
+
+# each family's options, as its real configs set them (Llama 3.1/3.2: llama3 RoPE; Qwen2:
+# q/k/v bias; Qwen3: q/k norm; ...), on the same tiny shape
+FAMILY_CONFIGS: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
+    "llama3": (LlamaConfig, {"rope_scaling": _LLAMA3, "rope_theta": 500000.0, "tie_word_embeddings": False}),
+    "llama-linear-rope": (LlamaConfig, {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
+    "llama-attention-bias": (LlamaConfig, {"attention_bias": True, "tie_word_embeddings": False}),
+    "qwen2": (Qwen2Config, {"rope_theta": 1000000.0, "tie_word_embeddings": True}),
+    "qwen3": (Qwen3Config, {"rope_theta": 1000000.0, "tie_word_embeddings": True}),
+    "qwen3-untied-bias": (Qwen3Config, {"attention_bias": True, "tie_word_embeddings": False}),
+    "mistral": (MistralConfig, {"sliding_window": None, "tie_word_embeddings": False}),
+}
+
+
+def tiny_family(family: str, seed: int = 0) -> PreTrainedModel:
+    """A tiny random model of ``family`` (a key of ``FAMILY_CONFIGS``): larger weights than
+    HF's initialisation, random biases and q/k norm weights, so that every option matters."""
+    cls, options = FAMILY_CONFIGS[family]
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(cls(**_SHAPE, **options)).eval()
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("bias"):
+                p.normal_(0.0, 1.0)
+            elif name.endswith(("q_norm.weight", "k_norm.weight")):
+                p.uniform_(0.5, 2.0)
+            else:
+                p.mul_(4.0)
+    return model
+
+
+def tiny_runner(hf: PreTrainedModel) -> LlamaModel:
     model = LlamaModel(ModelConfig.from_hf(hf.config.to_dict()))
     model.load_hf_state_dict(hf.state_dict())
     return model

@@ -30,12 +30,19 @@ from .._log import get_logger
 from .._session import Session
 from ..transports._base import Transport
 from ..voice._agent import VoiceAgent, error_event
+from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
+from ..voice._vad import VoiceActivityDetector, default_turn_detector
+from ..voice._whisper import WhisperSTT
 from ._peer import WebRTCPeer
 
 __all__ = ["PeerHandler", "ServerConfig", "WebRTCServer"]
 
 PeerHandler = Callable[[Session, Transport], Awaitable[None]]
+
+# the default agent hears the microphone in 20 ms frames: a barge-in is heard a frame after it is spoken
+_AGENT_FRAME_SECONDS = 0.02
+
 
 DEFAULT_PROMPT = "You are a friendly voice assistant. Answer in one or two short sentences."
 
@@ -136,7 +143,9 @@ class WebRTCServer:
     """Serves one ``Session`` per WebRTC peer from ``engine``.
 
     Each peer's session is handed with its ``WebRTCPeer`` to ``handler``; the default
-    handler is a ``VoiceAgent`` with ``stt`` and ``tts``. When the handler returns or
+    handler is a ``VoiceAgent`` with ``stt`` and ``tts`` (by default Whisper tiny.en and Piper's
+    joe voice, from the ``[voice]`` extra) and a turn detector from ``vad`` (a factory called
+    once per peer; by default ``default_turn_detector``). When the handler returns or
     fails, or the peer hangs up or vanishes, the peer connection and the session are
     closed and the session's blocks go back to the pool. ``async with`` starts and stops
     it; stopping closes every peer connection. ``app`` is the aiohttp application, for
@@ -151,6 +160,7 @@ class WebRTCServer:
         stt: SpeechToText | None = None,
         tts: TextToSpeech | None = None,
         handler: PeerHandler | None = None,
+        vad: Callable[[], VoiceActivityDetector] | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise ValueError(f"engine must be a metronome Engine, got {type(engine).__name__}")
@@ -161,6 +171,8 @@ class WebRTCServer:
         self._stt = stt
         self._tts = tts
         self._handler = handler
+        self._vad = vad or default_turn_detector
+        self._own_voice: list[PiperTTS] = []  # the voices this server started, and stops
         self._log = get_logger()
         self._peers: dict[WebRTCPeer, asyncio.Task[None]] = {}
         self._opening = 0
@@ -202,14 +214,15 @@ class WebRTCServer:
         self._log.info("webrtc.listening", url=self.url, token=self.config.token is not None)
 
     def _load_voice(self) -> None:
-        from ..voice import EspeakTTS, PocketSphinxSTT
-
         if self._stt is None:
-            stt = PocketSphinxSTT()
+            stt = WhisperSTT()
             stt.load()
             self._stt = stt
         if self._tts is None:
-            self._tts = EspeakTTS()
+            tts = PiperTTS()
+            self._own_voice.append(tts)
+            tts.load()
+            self._tts = tts
 
     @property
     def url(self) -> str:
@@ -226,6 +239,8 @@ class WebRTCServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        while self._own_voice:
+            await asyncio.to_thread(self._own_voice.pop().close)
 
     async def _on_shutdown(self, app: web.Application) -> None:
         self._closing = True
@@ -340,7 +355,10 @@ class WebRTCServer:
         except SessionClosed as exc:
             return _refuse(503, "engine_closed", str(exc), _retry_after(self.config.busy_retry_after))
         peer = WebRTCPeer(
-            media_timeout=self.config.media_timeout, max_buffered=self.config.max_buffered, session_id=session.id
+            media_timeout=self.config.media_timeout,
+            max_buffered=self.config.max_buffered,
+            session_id=session.id,
+            frame_seconds=0.08 if self._handler is not None else _AGENT_FRAME_SECONDS,
         )
         try:
             answer = await peer.accept(offer)
@@ -368,7 +386,12 @@ class WebRTCServer:
             else:
                 assert self._stt is not None and self._tts is not None
                 agent = VoiceAgent(
-                    session, peer, stt=self._stt, tts=self._tts, max_reply_tokens=self.config.max_reply_tokens
+                    session,
+                    peer,
+                    stt=self._stt,
+                    tts=self._tts,
+                    vad=self._vad(),
+                    max_reply_tokens=self.config.max_reply_tokens,
                 )
                 await agent.run()
         except MetronomeError as exc:
