@@ -470,11 +470,9 @@ class Engine:
             return memory, 0
         try:
             bound = core.session_bound_blocks(chunk=self.timing.max_chunk_tokens, pinned=pinned)  # type: ignore[call-arg]
-        except TypeError:  # a backend without pinned prefixes
-            raise ValueError(
-                f"this engine's backend ({type(core).__name__}) cannot pin a system prompt; "
-                "open the session with pin_system_prompt=False"
-            ) from None
+        except TypeError:  # a backend without pinned prefixes: the prompt slides, and the session says so
+            session._log.warning("session.prompt_not_pinned", backend=type(core).__name__, prompt_tokens=prompt_tokens)
+            return ConversationMemory(core.policy, prompt_tokens=prompt_tokens), 0
         assert bound is not None  # bounded policy
         pool = self._pool.num_blocks
         if bound > pool:

@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import pytest
 from structlog.testing import capture_logs
 
-from metronome_engine import KVPolicy
-from metronome_sdk import AdmissionRejected, CacheExhausted
+from metronome_engine import EngineCore, KVPolicy, ModelConfig, PoolStats, SamplingParams, StepOutput, StepRequest
+from metronome_sdk import AdmissionConfig, AdmissionRejected, CacheExhausted, Engine, TimingConfig
 from metronome_sdk._memory import ConversationMemory
+from tests.engine.tiny import tiny_engine
 from tests.sdk.conftest import CharTokenizer, make_engine
 
 pytestmark = pytest.mark.timeout(60)
@@ -107,3 +109,48 @@ def test_memory_account_of_turns_and_prompt() -> None:
     pinned.turn_started(0)
     pinned.update(40)
     assert pinned.prompt_resident and pinned.evicted_tokens == 24 and pinned.kept_prefix == 6
+
+
+class NoPinCore:
+    """A backend that cannot pin a prefix (as the vLLM runner): the protocol's members only."""
+
+    def __init__(self, core: EngineCore) -> None:
+        self._core = core
+
+    @property
+    def policy(self) -> KVPolicy:
+        return self._core.policy
+
+    @property
+    def config(self) -> ModelConfig:
+        return self._core.config
+
+    def add_sequence(self, *, sampling: SamplingParams | None = None) -> int:
+        return self._core.add_sequence(sampling=sampling)
+
+    def free_sequence(self, seq_id: int) -> None:
+        self._core.free_sequence(seq_id)
+
+    def step(self, requests: Sequence[StepRequest]) -> list[StepOutput]:
+        return self._core.step(requests)
+
+    def pool_stats(self) -> PoolStats:
+        return self._core.pool_stats()
+
+    def session_bound_blocks(self, chunk: int = 1) -> int | None:
+        return self._core.session_bound_blocks(chunk)
+
+
+async def test_a_backend_that_cannot_pin_lets_the_prompt_slide_and_says_so() -> None:
+    core = NoPinCore(tiny_engine(KVPolicy.windowed(24, sinks=4), num_blocks=64))
+    timing = TimingConfig(period=0.001, deadline=60.0, max_chunk_tokens=8)
+    admission = AdmissionConfig(initial_limit=4, max_limit=4, queue_timeout=0.0)
+    engine = Engine(core=core, timing=timing, admission=admission, tokenizer=CharTokenizer())  # type: ignore[arg-type]
+    async with engine:
+        with capture_logs() as logs:
+            async with engine.session(PROMPT) as s:
+                for _ in range(4):
+                    await s.chat("hi", max_tokens=3)
+                stats = s.stats()
+        assert [e["backend"] for e in logs if e["event"] == "session.prompt_not_pinned"] == ["NoPinCore"]
+        assert stats.pinned_tokens == 4 and not stats.system_prompt_resident and stats.evicted_tokens > 0
