@@ -223,7 +223,7 @@ def hf_prefill_stepper(hf: Any, chunk: int, context: int, seed: int = 0) -> Step
             out = hf(input_ids=ids[:, prior_len:], past_key_values=cache, use_cache=True, logits_to_keep=1)
             ms = (time.perf_counter() - t) * 1e3
             if cache is not None:
-                cache.crop(prior_len)
+                cache.crop(-chunk)  # drop the chunk: back to the tokens before it
             del out
         return ms
 
