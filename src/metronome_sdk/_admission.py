@@ -15,6 +15,8 @@ from ._config import AdmissionConfig
 
 __all__ = ["AIMDAdmitter", "MemoryGuard"]
 
+UNMEASURED_LIMIT = 4  # a cap that is safe on a small CPU, for an engine that measured nothing
+
 
 def percentile(samples: Iterable[float], q: float) -> float:
     """Nearest-rank percentile (``q`` in ``(0, 1]``) of a non-empty collection."""
@@ -30,7 +32,8 @@ class MemoryGuard:
 
     ``session_blocks`` is one session's bounded footprint; ``None`` (the full policy)
     means no bound exists, so the guard can only check that a block is free *now*: it
-    cannot see the growth that will fill the pool later.
+    cannot see the growth that will fill the pool later. A session that pins its system
+    prompt holds more than that: ``admits`` counts those extra blocks too.
     """
 
     __slots__ = ("pool_blocks", "session_blocks")
@@ -50,10 +53,12 @@ class MemoryGuard:
             return None
         return self.pool_blocks // self.session_blocks
 
-    def admits(self, admitted: int, *, free_blocks: int) -> bool:
+    def admits(self, admitted: int, *, free_blocks: int, pinned_blocks: int = 0) -> bool:
+        """Whether one more session fits; ``pinned_blocks``: what the admitted sessions and
+        the new one pin beyond ``session_blocks`` each (their pinned prompts)."""
         if self.session_blocks is None:
             return free_blocks > 0
-        return (admitted + 1) * self.session_blocks <= self.pool_blocks
+        return (admitted + 1) * self.session_blocks + pinned_blocks <= self.pool_blocks
 
     def __repr__(self) -> str:
         return f"MemoryGuard(pool_blocks={self.pool_blocks}, session_blocks={self.session_blocks}, limit={self.limit})"
@@ -64,7 +69,9 @@ class AIMDAdmitter:
 
     Feed it every frame's latency (``observe``) and call ``update`` once a tick with the
     sessions in flight; it decides at most once per ``config.interval`` seconds.
-    ``admits`` answers whether one more session may open now.
+    ``admits`` answers whether one more session may open now. The cap starts at
+    ``config.initial_limit``, or when that is ``None`` at ``measured`` (the sessions the
+    engine's calibration says a tick holds), or at 4 when nothing was measured.
     """
 
     def __init__(
@@ -74,6 +81,7 @@ class AIMDAdmitter:
         deadline: float,
         guard: MemoryGuard | None = None,
         clock: Callable[[], float] = time.monotonic,
+        measured: int | None = None,
     ) -> None:
         if not deadline > 0:
             raise ValueError(f"deadline must be > 0 seconds, got {deadline!r}")
@@ -81,7 +89,9 @@ class AIMDAdmitter:
         self.deadline = deadline
         self.guard = guard
         self._clock = clock
-        self._limit = self._clamp(self.config.initial_limit)
+        # an explicit initial_limit wins; else the sessions the calibration says a tick holds
+        start = self.config.initial_limit if self.config.initial_limit is not None else measured
+        self._limit = self._clamp(start if start is not None else UNMEASURED_LIMIT)
         self._samples: list[float] = []
         self._peak = 0  # most sessions in flight since the last decision
         self._rejected = 0  # opens refused since the last decision: demand the cap did not see
@@ -108,12 +118,13 @@ class AIMDAdmitter:
     def observe(self, latency: float) -> None:
         self._samples.append(latency)
 
-    def admits(self, in_flight: int, *, free_blocks: int = 1) -> bool:
-        """Whether one more session may open with ``in_flight`` already admitted."""
+    def admits(self, in_flight: int, *, free_blocks: int = 1, pinned_blocks: int = 0) -> bool:
+        """Whether one more session may open with ``in_flight`` already admitted
+        (``pinned_blocks``: see ``MemoryGuard.admits``)."""
         self._peak = max(self._peak, in_flight)
         if in_flight >= self._limit:
             return False
-        return self.guard is None or self.guard.admits(in_flight, free_blocks=free_blocks)
+        return self.guard is None or self.guard.admits(in_flight, free_blocks=free_blocks, pinned_blocks=pinned_blocks)
 
     def record_rejection(self) -> None:
         self._rejected += 1
@@ -121,6 +132,14 @@ class AIMDAdmitter:
     def retry_after(self) -> float:
         """Seconds until the cap may next change (at least a tenth of an interval)."""
         return max(self._next_decision - self._clock(), self.config.interval / 10)
+
+    def cut(self) -> int:
+        """Decrease now, without waiting for a decision: a step ran long (the watchdog's slow verdict)."""
+        c = self.config
+        self._limit = self._clamp(min(self._limit - 1, math.floor(self._limit * c.decrease)))
+        self._samples.clear()
+        self._next_decision = self._clock() + c.interval
+        return self._limit
 
     def update(self, in_flight: int) -> int:
         """Decide if a decision is due; return the cap (changed or not)."""

@@ -107,18 +107,30 @@ class TimingConfig:
     delivering it flagged. ``max_chunk_tokens`` caps the tokens one session appends
     in one tick: longer input (a system prompt, a long text turn) is split across
     ticks, and the memory guard sizes each session's bound with it.
+
+    ``tick_tokens`` caps the tokens one tick appends over all its sessions (the per-tick
+    token budget): ``"auto"`` (the default) sizes it from the step cost measured at
+    engine start and on every tick since, so that a step takes at most ``step_share`` of
+    the deadline (the rest is the wait for the tick); an int fixes it; ``None`` turns it
+    off (every session's chunk goes whole, however long the step). Sessions already
+    talking keep their beat; newcomers' prefill is spread over ticks (docs/sessions.md).
     """
 
     period: float = 0.080
     deadline: float | None = None
     strict: bool = False
     max_chunk_tokens: int = 64
+    tick_tokens: int | Literal["auto"] | None = "auto"
+    step_share: float = 0.75
 
     def __post_init__(self) -> None:
         _positive_float("period", self.period, "80 ms (period=0.08) is Moshi's 12.5 Hz frame rate")
         if self.deadline is not None:
             _positive_float("deadline", self.deadline, "leave it None to use the period")
         _positive_int("max_chunk_tokens", self.max_chunk_tokens, "try 64")
+        if self.tick_tokens is not None and self.tick_tokens != "auto":
+            _positive_int("tick_tokens", self.tick_tokens, "or 'auto' to size it from the measured step cost")
+        _in_unit("step_share", self.step_share, "the share of the deadline a step may take; try 0.75")
 
     @property
     def frame_deadline(self) -> float:
@@ -143,9 +155,16 @@ class AdmissionConfig:
     frames show up in the latency before the next decision. The cap starts at
     ``initial_limit`` and stays within ``[min_limit, max_limit]`` and under the memory
     guard. A blocking open waits up to ``queue_timeout`` seconds for room.
+
+    ``initial_limit=None`` (the default) starts the cap at what the engine measured at
+    start: the sessions whose ``session_tokens`` a tick appends each (one decode token;
+    more for audio frames or several decode tokens a tick) fit the tick's token budget.
+    Without a measurement (no calibration ran, or a fixed budget with no cost model yet)
+    it starts at 4.
     """
 
-    initial_limit: int = 4
+    initial_limit: int | None = None
+    session_tokens: int = 1
     min_limit: int = 1
     max_limit: int = 1024
     increase: int = 1
@@ -159,8 +178,14 @@ class AdmissionConfig:
     def __post_init__(self) -> None:
         _positive_int("min_limit", self.min_limit, "a cap below one session admits nobody")
         _positive_int("max_limit", self.max_limit, "try max_limit=1024")
-        _positive_int("initial_limit", self.initial_limit, "try initial_limit=4")
-        if not self.min_limit <= self.initial_limit <= self.max_limit:
+        if self.initial_limit is not None:
+            _positive_int("initial_limit", self.initial_limit, "try initial_limit=4, or None to start from measurement")
+        _positive_int("session_tokens", self.session_tokens, "a talking session appends one token a tick; try 1")
+        if self.min_limit > self.max_limit:
+            raise ValueError(
+                f"min_limit={self.min_limit} must be <= max_limit={self.max_limit}; lower min_limit or raise max_limit"
+            )
+        if self.initial_limit is not None and not self.min_limit <= self.initial_limit <= self.max_limit:
             raise ValueError(
                 f"initial_limit={self.initial_limit} must lie in [min_limit={self.min_limit}, "
                 f"max_limit={self.max_limit}]; move initial_limit inside the range"

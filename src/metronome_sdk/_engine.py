@@ -28,9 +28,12 @@ import anyio
 
 from metronome_engine import EngineBackend, EngineCore, PoolStats, SamplingParams, Stall, StepOutput, StepRequest
 
-from ._admission import AIMDAdmitter, MemoryGuard, percentile
+from ._admission import UNMEASURED_LIMIT, AIMDAdmitter, MemoryGuard, percentile
+from ._budget import Demand, plan_tick
+from ._calibrate import calibrate
 from ._codec import FixedRateCodec, FrameCodec, TextTokenizer, chat_turn
 from ._config import AdmissionConfig, EngineConfig, ReliabilityConfig, TimingConfig
+from ._cost import StepCost
 from ._exceptions import (
     AdmissionRejected,
     CacheExhausted,
@@ -44,9 +47,10 @@ from ._exceptions import (
 )
 from ._frames import InputFrame, OutputFrame
 from ._log import get_logger
+from ._memory import ConversationMemory
 from ._metrics import EngineMetrics
 from ._stats import EngineStats, TickReport
-from ._watchdog import watch
+from ._watchdog import Verdict, judge, watch
 from ._worker import CoreAbandoned, CoreThread
 
 if TYPE_CHECKING:
@@ -83,6 +87,7 @@ class _Pending:
     tokens: list[int]  # still to append
     submitted: float
     index: int
+    started: bool = False  # a chunk of it was appended: its turn has begun
 
 
 @dataclass(slots=True)
@@ -95,12 +100,15 @@ class _Entry:
     taken: int  # of pending.tokens
     finishes: bool  # the frame's last token is in this chunk: sample its output
     answered: bool = False  # the watchdog already answered this frame (a stuck step)
+    decode: int = 1  # tokens to decode for the frame this tick (the budget's grant), when it finishes
 
 
 @dataclass(slots=True)
 class _WorkResult:
     seq_ids: list[int]
-    outputs: list[StepOutput]
+    outputs: list[StepOutput]  # each session's last step output (its state after the tick)
+    tokens: list[tuple[int, ...]]  # each session's decoded tokens (several with extra decode rounds)
+    steps: list[tuple[int, float]]  # (tokens, seconds) of each step run: what the cost model learns from
     pool: PoolStats
     step_seconds: float
     error: BaseException | None
@@ -161,6 +169,12 @@ class Engine:
         self._on_tick = on_tick
         self._log = get_logger()
         self._admitter: AIMDAdmitter | None = None
+        self._cost: StepCost | None = None  # step seconds vs tokens, measured: sizes the tick budget
+        self._waited: dict[int, int] = {}  # session id -> ticks in a row it waited on the budget
+        self._budget_waits = 0
+        self._waiting: list[int] = []  # sessions that waited on the last tick's budget
+        self._budget_now: int | None = None  # the last tick's budget
+        self._slow_steps = 0
         self._session_blocks: int | None = None
         self._started = False
         self._closed = False
@@ -227,7 +241,10 @@ class Engine:
                 return
             if self._core is None or (self._tokenizer is None and self.config is not None):
                 await self._worker.call(self._load)
-            self._start_now()
+            samples = None
+            if self.timing.tick_tokens == "auto" or self.admission_config.initial_limit is None:
+                samples = await self._worker.call(self._calibrate)
+            self._start_now(samples)
 
     def _load(self) -> None:
         cfg = self.config
@@ -237,7 +254,7 @@ class Engine:
 
             from metronome_engine.engine import resolve_kernels
 
-            path = resolve_kernels(cfg.kernels, torch.device(cfg.device))
+            path = resolve_kernels(cfg.kernels, torch.device(cfg.device), model=cfg.model)
             model = _shared_model(cfg.model, cfg.device, path, cfg.quantize)
             pool = cfg.pool_size()
             self._core = EngineCore(
@@ -251,7 +268,11 @@ class Engine:
         if self._tokenizer is None:
             self._tokenizer = _shared_tokenizer(cfg.model)
 
-    def _start_now(self) -> None:
+    def _calibrate(self) -> list[tuple[int, float]]:
+        """On the core thread, before any session: a few timed steps (see ``_calibrate``)."""
+        return calibrate(self._require_core(), chunk=self.timing.max_chunk_tokens)
+
+    def _start_now(self, samples: list[tuple[int, float]] | None = None) -> None:
         core = self._require_core()
         chunk = self.timing.max_chunk_tokens
         bound = core.session_bound_blocks(chunk=chunk)
@@ -263,9 +284,25 @@ class Engine:
             )
         self._session_blocks = bound
         guard = MemoryGuard(pool_blocks=pool.num_blocks, session_blocks=bound)
+        self._cost = StepCost(samples or ())
+        budget, fits = self._tick_budget(), self._measured_tokens()
+        measured = None if fits is None else max(1, fits // self.admission_config.session_tokens)
         self._admitter = AIMDAdmitter(
-            self.admission_config, deadline=self.timing.frame_deadline, guard=guard, clock=self._clock
+            self.admission_config,
+            deadline=self.timing.frame_deadline,
+            guard=guard,
+            clock=self._clock,
+            measured=measured,
         )
+        if samples:
+            self._log.info(
+                "engine.calibrated",
+                fixed_ms=round(self._cost.fixed * 1e3, 3),
+                per_token_ms=round(self._cost.per_token * 1e3, 4),
+                tick_tokens=budget,
+                measured_limit=measured,
+                limit=self._admitter.limit,
+            )
         self._pool = pool
         self._events = {"wake": anyio.Event(), "room": anyio.Event(), "idle": anyio.Event()}
         self._events["idle"].set()
@@ -348,16 +385,38 @@ class Engine:
     # sessions ------------------------------------------------------------------------------------
 
     def session(
-        self, system_prompt: str | None = None, *, sampling: SamplingParams | None = None, timeout: float | None = None
+        self,
+        system_prompt: str | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        timeout: float | None = None,
+        decode_tokens: int = 1,
+        pin_system_prompt: bool = True,
     ) -> Session:
         """A session on this engine, opened by ``async with`` (waits up to ``timeout`` for room)."""
         from ._session import Session
 
-        return Session(system_prompt, engine=self, sampling=sampling, timeout=timeout)
+        return Session(
+            system_prompt,
+            engine=self,
+            sampling=sampling,
+            timeout=timeout,
+            decode_tokens=decode_tokens,
+            pin_system_prompt=pin_system_prompt,
+        )
 
-    def try_session(self, system_prompt: str | None = None, *, sampling: SamplingParams | None = None) -> Session:
+    def try_session(
+        self,
+        system_prompt: str | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        decode_tokens: int = 1,
+        pin_system_prompt: bool = True,
+    ) -> Session:
         """Open a session now or raise ``AdmissionRejected`` at once: the nowait twin of ``session()``."""
-        return self.session(system_prompt, sampling=sampling).open_nowait()
+        return self.session(
+            system_prompt, sampling=sampling, decode_tokens=decode_tokens, pin_system_prompt=pin_system_prompt
+        ).open_nowait()
 
     async def _open(self, session: Session, timeout: float | None) -> None:
         await self.start()
@@ -387,15 +446,44 @@ class Engine:
         if self._closed:
             raise SessionClosed("the engine is closed; no session can open on it", session_id=session.id)
         admitter = self._require_admitter()
-        if not admitter.admits(len(self._sessions), free_blocks=self._pool.num_blocks - self._pool.used_blocks):
+        prefix = self._encode_system(session)
+        memory, pinned_blocks = self._pin(session, len(prefix))
+        held = sum(s._pinned_blocks for s in self._sessions.values()) + pinned_blocks
+        free = self._pool.num_blocks - self._pool.used_blocks
+        if not admitter.admits(len(self._sessions), free_blocks=free, pinned_blocks=held):
             return False
-        session._attach(self, self._encode_system(session))
+        session._attach(self, prefix, memory, pinned_blocks)
         self._sessions[session.id] = session
         self._admitted += 1
         self.metrics.admitted.inc()
         self.metrics.sessions.set(len(self._sessions))
         session._log.info("admission.admitted", in_flight=len(self._sessions), limit=admitter.limit)
         return True
+
+    def _pin(self, session: Session, prompt_tokens: int) -> tuple[ConversationMemory, int]:
+        """The session's memory account, and the blocks its pinned prompt adds to its bound;
+        ``CacheExhausted`` when the pool could never hold that bound."""
+        core = self._require_core()
+        pinned = prompt_tokens if session._pin_system_prompt and core.policy.bounded else 0
+        memory = ConversationMemory(core.policy, prompt_tokens=prompt_tokens, pinned=pinned)
+        if not pinned or self._session_blocks is None:
+            return memory, 0
+        try:
+            bound = core.session_bound_blocks(chunk=self.timing.max_chunk_tokens, pinned=pinned)  # type: ignore[call-arg]
+        except TypeError:  # a backend without pinned prefixes: the prompt slides, and the session says so
+            session._log.warning("session.prompt_not_pinned", backend=type(core).__name__, prompt_tokens=prompt_tokens)
+            return ConversationMemory(core.policy, prompt_tokens=prompt_tokens), 0
+        assert bound is not None  # bounded policy
+        pool = self._pool.num_blocks
+        if bound > pool:
+            raise CacheExhausted(
+                f"session {session.id} pins a {pinned}-token system prompt: its bound is {bound} blocks, more than "
+                f"the pool's {pool}; shorten the prompt, pass pin_system_prompt=False, or grow the pool",
+                session_id=session.id,
+                needed_blocks=bound,
+                pool_blocks=pool,
+            )
+        return memory, bound - self._session_blocks
 
     def _reject(self, session: Session) -> AdmissionRejected:
         admitter = self._require_admitter()
@@ -418,6 +506,7 @@ class Engine:
         """Forget ``session`` and return its blocks to the pool before returning."""
         if self._sessions.pop(session.id, None) is None:
             return  # never admitted, or the engine closed it and freed its blocks
+        self._waited.pop(session.id, None)
         self.metrics.sessions.set(len(self._sessions))
         self._set("room")
         self._wake()  # the tick loop rests when the last session has gone
@@ -575,34 +664,78 @@ class Engine:
             self._asyncio_runner = None
             self._set("idle")
 
+    def _tick_budget(self) -> int | None:
+        """Most tokens one tick appends (``TimingConfig.tick_tokens``); ``None``: no cap."""
+        fixed = self.timing.tick_tokens
+        if fixed != "auto":
+            return fixed
+        measured = self._measured_tokens()
+        return max(1, measured) if measured is not None else self.timing.max_chunk_tokens  # unmeasured: one chunk
+
+    def _measured_tokens(self) -> int | None:
+        """The tokens a tick appends within ``step_share`` of the deadline, by the measured cost."""
+        cost = self._cost
+        if cost is None or not cost.ready:
+            return None
+        return cost.tokens_within(self.timing.step_share * self.timing.frame_deadline)
+
     def _gather(self) -> list[_Entry]:
-        budget = self.timing.max_chunk_tokens
-        entries = []
+        """This tick's chunk of every session with input, within the tick's token budget."""
+        heads: dict[int, tuple[Session, list[int]]] = {}
+        demands = []
         for s in self._sessions.values():
             if not s._queue:
                 continue
-            pending = s._queue[0]
             head = [s._feedback] if s._feedback is not None else []
-            take = pending.tokens[: budget - len(head)]
-            tokens = head + take
-            finishes = len(take) == len(pending.tokens)
-            if not tokens:
+            if not head and not s._queue[0].tokens:
                 s._queue.popleft()
                 self._push(s, ValueError("nothing to decode from: the session has appended nothing yet; send input"))
                 continue
-            entries.append(_Entry(s, pending, tokens, len(take), finishes))
+            heads[s.id] = (s, head)
+            need = len(head) + len(s._queue[0].tokens)
+            demands.append(Demand(s.id, need, s.decode_tokens, s._frames_out > 0, self._waited.get(s.id, 0)))
+        cost = self._cost
+        step_cost = cost.step_tokens() if cost is not None and cost.ready else 0
+        chunk = self.timing.max_chunk_tokens
+        budget = self._tick_budget()
+        if budget is not None:
+            # a talking session's frame is never split by the budget: on a machine too slow for the deadline
+            # splitting it would only double its latency (admission keeps such sessions few)
+            beat = max((min(d.input, chunk) for d in demands if d.talking), default=0)
+            budget = max(budget, beat)
+        self._budget_now = budget
+        plan = plan_tick(demands, budget=budget, max_chunk=chunk, step_cost=step_cost)
+        entries = []
+        self._waiting = []
+        for sid, (s, head) in heads.items():
+            grant = plan[sid]
+            if grant.chunk == 0:  # waits on the budget this tick: counted, and first in line soon
+                self._waited[sid] = self._waited.get(sid, 0) + 1
+                self._budget_waits += 1
+                self._waiting.append(sid)
+                continue
+            self._waited.pop(sid, None)
+            pending = s._queue[0]
+            tokens = (head + pending.tokens)[: grant.chunk]
+            taken = grant.chunk - len(head)
+            entries.append(_Entry(s, pending, tokens, taken, grant.decode > 0, decode=grant.decode))
         return entries
 
-    def _work(self, entries: list[tuple[int | None, SamplingParams | None, list[int], bool]]) -> _WorkResult:
-        """On the core thread: open the sequences of new sessions, run one batched step.
+    def _work(self, entries: list[tuple[int | None, SamplingParams | None, list[int], bool, int, int]]) -> _WorkResult:
+        """On the core thread: open the sequences of new sessions, run one batched step,
+        then the extra decode rounds of sessions granted several tokens this tick.
 
         A step that raises has changed nothing (the core rolls back), so it is retried at
         once, ``step_retries`` times: a transient fault costs one step's time, not a frame.
         """
         core = self._require_core()
-        seq_ids = [sid if sid is not None else core.add_sequence(sampling=sampling) for sid, sampling, _, _ in entries]
+        seq_ids = [
+            sid if sid is not None else core.add_sequence(sampling=sampling, **({"pinned": pin} if pin else {}))
+            for sid, sampling, *_, pin in entries
+        ]
         requests = [
-            StepRequest(sid, toks, sample=finish) for sid, (_, _, toks, finish) in zip(seq_ids, entries, strict=True)
+            StepRequest(sid, toks, sample=finish)
+            for sid, (_, _, toks, finish, *_) in zip(seq_ids, entries, strict=True)
         ]
         t0 = time.perf_counter()
         outputs: list[StepOutput] = []
@@ -616,7 +749,54 @@ class Engine:
             except Exception as exc:  # every session of the tick hears of it if no retry succeeds
                 failures += 1
                 error = raised = exc
-        return _WorkResult(seq_ids, outputs, core.pool_stats(), time.perf_counter() - t0, error, failures, raised)
+        steps = [(sum(len(r.tokens) for r in requests), time.perf_counter() - t0)] if error is None else []
+        tokens: list[tuple[int, ...]] = [(o.token,) if o.token is not None else () for o in outputs]
+        if error is None:
+            outputs = self._decode_rounds(core, seq_ids, [e[4] for e in entries], outputs, tokens, steps)
+        seconds = time.perf_counter() - t0
+        return _WorkResult(seq_ids, outputs, tokens, steps, core.pool_stats(), seconds, error, failures, raised)
+
+    def _decode_rounds(
+        self,
+        core: EngineBackend,
+        seq_ids: list[int],
+        decode: list[int],
+        outputs: list[StepOutput],
+        tokens: list[tuple[int, ...]],
+        steps: list[tuple[int, float]],
+    ) -> list[StepOutput]:
+        """Extra decode rounds (on the core thread): each appends a session's last token and samples the next.
+
+        A session leaves the rounds at its stop token, or when the pool cannot take its token
+        (it keeps what it decoded; the token goes back with its next frame, as always). A
+        round that raises changed nothing: the rounds end there, the tokens so far stand.
+        """
+        stop = self._tokenizer.stop_ids if self._tokenizer is not None else frozenset()
+        outputs = list(outputs)
+        going = [i for i, n in enumerate(decode) if n > 1 and tokens[i] and tokens[i][-1] not in stop]
+        done = 1
+        while going:
+            t0 = time.perf_counter()
+            try:
+                outs = core.step([StepRequest(seq_ids[i], [tokens[i][-1]], sample=True) for i in going])
+            except Exception as exc:  # the frame keeps the tokens decoded so far
+                self._log.warning("engine.decode_round_failed", error=repr(exc), round=done)
+                break
+            steps.append((len(going), time.perf_counter() - t0))
+            done += 1
+            still = []
+            for i, out in zip(going, outs, strict=True):
+                if out.stall is Stall.NUMERIC_FAULT:
+                    outputs[i] = out  # the core dropped the session: it breaks, as in the main step
+                    continue
+                if out.stall is not None or out.token is None:
+                    continue  # the pool is full: no more this tick
+                outputs[i] = out
+                tokens[i] = (*tokens[i], out.token)
+                if decode[i] > done and out.token not in stop:
+                    still.append(i)
+            going = still
+        return outputs
 
     async def _tick(self) -> None:
         entries = self._gather()
@@ -630,15 +810,39 @@ class Engine:
             e.session._in_tick = True
         self._tick_done = done_event = anyio.Event()
         try:
-            work = [(e.session._seq_id, e.session._sampling, e.tokens, e.finishes) for e in entries]
+            work = [
+                (e.session._seq_id, e.session._sampling, e.tokens, e.finishes, e.decode, e.session._pinned)
+                for e in entries
+            ]
             job = self._worker.submit(self._work, work)
             limit = max(self.reliability.watchdog * self.timing.frame_deadline, self.reliability.watchdog_floor)
+            expected = self._expected_seconds(entries)
+            stuck = 0
+            cpu0 = last_cpu = self._worker.cpu_seconds()
+            last_running = 0.0
+
+            def on_long(times: int, running: float) -> bool:
+                # slow or stuck: is the core thread still working (CPU time), within what its tokens take?
+                nonlocal stuck, last_cpu, last_running
+                cpu = self._worker.cpu_seconds()
+                worked = None if cpu is None or cpu0 is None else cpu - cpu0
+                recent = None if cpu is None or last_cpu is None else cpu - last_cpu
+                window, last_cpu, last_running = running - last_running, cpu, running
+                verdict = judge(
+                    worked=worked, recent=recent, window=window, expected=expected, slack=self.reliability.watchdog
+                )
+                if not stuck and verdict is Verdict.SLOW:
+                    self._on_slow(entries, times, running, expected)
+                    return True
+                stuck += 1
+                return self._on_stuck(entries, stuck, running, limit)
+
             returned = await watch(
                 job,
                 clock=anyio.current_time,  # real time, as the metronome paces ticks: a stuck thread is wall-clock
                 limit=limit,
                 poll=min(period, limit / 4),
-                on_stuck=lambda times, running: self._on_stuck(entries, times, running, limit),
+                on_stuck=on_long,
                 give_up=lambda times: times > 0 and self._closed,  # closing: never wait on a stuck step
             )
             if not returned:
@@ -670,6 +874,47 @@ class Engine:
         self.metrics.faults.labels("engine_failed").inc()
         self._log.error("engine.failed", failed_ticks=n, error=repr(last))
         await self._shut_down(failure)
+
+    def _expected_seconds(self, entries: list[_Entry]) -> float | None:
+        """What this tick's step should take at the slowest rate measured (``None``: nothing measured)."""
+        cost = self._cost
+        if cost is None or not cost.ready:
+            return None
+        tokens = sum(len(e.tokens) + max(0, e.decode - 1) for e in entries)
+        rounds = max((e.decode - 1 for e in entries), default=0)
+        return (cost.seconds(tokens) + rounds * cost.fixed) * cost.slowest()
+
+    def _on_slow(self, entries: list[_Entry], times: int, running: float, expected: float | None) -> None:
+        """A long step that is still within its tokens' cost: not stuck. Shed load so the next ticks fit.
+
+        Each watchdog period it runs cuts the admission cap; from the second on, the session
+        admitted last among the step's is shed with ``LoadShed`` (never the last one open).
+        """
+        if times == 1:
+            self._slow_steps += 1
+            self.metrics.faults.labels("step_slow").inc()
+        admitter = self._require_admitter()
+        before, limit = admitter.limit, admitter.cut()
+        self.metrics.limit.set(limit)
+        self._log.warning("engine.step_slow", running=running, expected=expected, old_limit=before, limit=limit)
+        order = {sid: i for i, sid in enumerate(self._sessions)}
+        live = [e.session for e in entries if e.session.id in order]
+        if times < 2 or len(self._sessions) < 2 or not live:
+            return
+        victim = max(live, key=lambda s: order[s.id])
+        self._end_session(
+            victim,
+            LoadShed(
+                f"session {victim.id} was shed: a step ran {running:.2f} s, past the watchdog's limit, on a machine "
+                "that cannot hold this load at the deadline; open a new session after retry_after",
+                retry_after=admitter.retry_after(),
+                limit=limit,
+                in_flight=len(self._sessions),
+                session_id=victim.id,
+            ),
+            "shed",
+        )
+        self._shed += 1
 
     def _on_stuck(self, entries: list[_Entry], times: int, running: float, limit: float) -> bool:
         """The watchdog: the step has run ``times * limit`` seconds. Answer what waits on it; keep waiting?"""
@@ -749,6 +994,7 @@ class Engine:
         """The engine ends ``s``: out of the admitted set now, its blocks freed after the tick."""
         if self._sessions.pop(s.id, None) is None:
             return
+        self._waited.pop(s.id, None)
         self.metrics.faults.labels(kind).inc()
         self.metrics.sessions.set(len(self._sessions))
         s._end(error)
@@ -756,6 +1002,9 @@ class Engine:
         self._set("room")
 
     def _finish(self, entries: list[_Entry], result: _WorkResult, done: float) -> None:
+        if self._cost is not None:
+            for tokens, seconds in result.steps:  # the budget follows the machine
+                self._cost.observe(tokens, seconds)
         tick = self._ticks
         self._ticks += 1
         latencies: list[float] = []
@@ -792,7 +1041,7 @@ class Engine:
             if e.answered:  # a stuck step that came back: keep the state, the frame was answered
                 if out.stall is None:
                     s._num_tokens, s._num_blocks = out.num_tokens, out.num_blocks
-                    s._feedback = out.token if e.finishes else None
+                    s._feedback = result.tokens[i][-1] if e.finishes and result.tokens[i] else None
                 continue
             if out.stall is not None:
                 stalled.append(s.id)
@@ -801,15 +1050,39 @@ class Engine:
                     latencies.append(latency)
                 continue
             growth += out.num_blocks - s._num_blocks
+            self._remember(s, e, out.num_tokens)
             s._num_tokens, s._num_blocks = out.num_tokens, out.num_blocks
             s._feedback = None
             del e.pending.tokens[: e.taken]
             if e.finishes:
                 s._queue.popleft()
-                assert out.token is not None
-                s._feedback = out.token
-                latencies.append(self._answer(s, e.pending, (out.token,), tick, done))
-        self._account(tick, done, entries, stalled, latencies, growth, result.step_seconds)
+                decoded = result.tokens[i]
+                assert decoded
+                s._feedback = decoded[-1]
+                latencies.append(self._answer(s, e.pending, decoded, tick, done))
+        appended = sum(t for t, _ in result.steps)
+        self._account(tick, done, entries, stalled, latencies, growth, result.step_seconds, appended)
+
+    def _remember(self, s: Session, e: _Entry, num_tokens: int) -> None:
+        """Keep the account of what the session's model still sees (docs/sessions.md): say
+        when the window drops a whole turn or the system prompt, count every token it drops."""
+        memory = s._memory
+        if memory is None:
+            return
+        if not e.pending.started and e.taken:  # a frame with input begins its turn after the fed-back token
+            memory.turn_started(s._num_tokens + len(e.tokens) - e.taken)
+        e.pending.started = True
+        lost = memory.update(num_tokens)
+        if lost.tokens:
+            self.metrics.evicted_tokens.inc(lost.tokens)
+        if lost.turns or lost.prompt:
+            s._log.info(
+                "session.evicted",
+                evicted_tokens=memory.evicted_tokens,
+                turns_lost=lost.turns,
+                oldest_resident_turn=memory.oldest_resident_turn,
+                system_prompt_resident=memory.prompt_resident,
+            )
 
     def _break(self, s: Session, e: _Entry) -> None:
         """Non-finite logits: the session's state is corrupt. The core dropped it; end the session."""
@@ -928,6 +1201,7 @@ class Engine:
         latencies: list[float],
         growth: int,
         step_seconds: float,
+        tokens: int = 0,
     ) -> None:
         if self._last_tick_time is not None:
             self._growth.append((done - self._last_tick_time, growth, len(self._sessions)))
@@ -954,6 +1228,9 @@ class Engine:
                 step_seconds=step_seconds,
                 used_blocks=self._pool.used_blocks,
                 pool_blocks=self._pool.num_blocks,
+                tokens=tokens,
+                waiting=tuple(self._waiting),
+                tick_tokens=self._budget_now,
             )
             try:
                 self._on_tick(report)
@@ -983,7 +1260,7 @@ class Engine:
         guard_limit = admitter.guard.limit if admitter is not None and admitter.guard is not None else None
         return EngineStats(
             sessions=len(self._sessions),
-            limit=admitter.limit if admitter is not None else self.admission_config.initial_limit,
+            limit=admitter.limit if admitter is not None else self.admission_config.initial_limit or UNMEASURED_LIMIT,
             memory_limit=guard_limit,
             admitted=self._admitted,
             rejected=self._rejected,
@@ -1007,6 +1284,9 @@ class Engine:
             shed=self._shed,
             outputs_dropped=self._dropped,
             failed=self._failure is not None,
+            tick_tokens=self._tick_budget() if self._started else None,
+            budget_waits=self._budget_waits,
+            slow_steps=self._slow_steps,
         )
 
     def __repr__(self) -> str:

@@ -24,6 +24,7 @@ from ._engine import Engine
 from ._exceptions import MetronomeError, SessionClosed
 from ._frames import InputFrame, OutputFrame
 from ._log import get_logger
+from ._memory import ConversationMemory
 from ._stats import SessionStats
 
 if TYPE_CHECKING:
@@ -32,6 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["Session", "default_engine"]
 
 _ids = itertools.count(1)
+MAX_DECODE_TOKENS = 64  # one frame's decode rounds are steps in one tick: more would never fit a deadline
 _defaults: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Engine] = weakref.WeakKeyDictionary()
 
 
@@ -66,7 +68,10 @@ def _as_frame(frame: FrameLike) -> InputFrame:
 class Session:
     """One conversation. Open it with ``async with``; each input frame gets one output frame.
 
-    ``system_prompt`` is prefilled with the first frame. ``timeout`` is how long opening
+    ``system_prompt`` is prefilled with the first frame and, under a window policy,
+    pinned: it stays in the cache beside the sinks however long the conversation runs
+    (``pin_system_prompt=False`` lets it slide out with the window; see
+    docs/sessions.md). ``stats()`` says what the window has dropped since. ``timeout`` is how long opening
     waits for room before ``AdmissionRejected`` (default: the engine's
     ``AdmissionConfig.queue_timeout``); ``open_nowait()`` refuses at once instead.
     Outputs come back in order; a frame the engine could not serve comes back as an
@@ -74,6 +79,12 @@ class Session:
     outputs are bounded (``ReliabilityConfig.output_queue``): read them as they come.
     A session the engine ended (``LoadShed``, ``SessionBroken``, ``EngineStalled`` with
     ``reason="engine_failed"``) hands out its unread outputs, then raises that error.
+
+    ``decode_tokens`` is how many tokens a frame's output may carry: the engine decodes
+    up to that many in the frame's tick (extra decode steps within the tick), as the
+    tick's token budget allows, and fewer once the model ends its turn. A consumer that
+    needs text faster than one token a tick (speech synthesis) sets it; it can change
+    between frames (``s.decode_tokens = 4``).
     """
 
     def __init__(
@@ -83,7 +94,11 @@ class Session:
         engine: Engine | None = None,
         sampling: SamplingParams | None = None,
         timeout: float | None = None,
+        decode_tokens: int = 1,
+        pin_system_prompt: bool = True,
     ) -> None:
+        if not isinstance(pin_system_prompt, bool):
+            raise ValueError(f"pin_system_prompt must be True or False, got {pin_system_prompt!r}")
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a str or None, got {type(system_prompt).__name__}")
         if engine is not None and not isinstance(engine, Engine):
@@ -91,8 +106,12 @@ class Session:
         self.id = next(_ids)
         self._engine = engine
         self._system_prompt = system_prompt
+        self._pin_system_prompt = pin_system_prompt
+        self._memory: ConversationMemory | None = None  # set at admission, when the policy is known
+        self._pinned_blocks = 0  # blocks the pinned prompt adds to the session's bound (the memory guard counts them)
         self._sampling = sampling
         self._timeout = timeout
+        self.decode_tokens = decode_tokens
         self._log = get_logger(session_id=self.id)
         self._opened = False
         self._closed = False
@@ -113,6 +132,20 @@ class Session:
         self._dropped = 0  # outputs discarded unread (slow_consumer="drop_oldest")
         self._num_tokens = 0
         self._num_blocks = 0
+
+    @property
+    def decode_tokens(self) -> int:
+        """Most tokens one frame's output carries (decoded within its tick, as the budget allows)."""
+        return self._decode_tokens
+
+    @decode_tokens.setter
+    def decode_tokens(self, value: int) -> None:
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_DECODE_TOKENS:
+            raise ValueError(
+                f"decode_tokens must be an int in [1, {MAX_DECODE_TOKENS}], got {value!r}; "
+                "1 decodes one token a tick, 4 suits a speech consumer"
+            )
+        self._decode_tokens = value
 
     # opening and closing -------------------------------------------------------------------------
 
@@ -144,11 +177,18 @@ class Session:
         engine._open_nowait(self)
         return self
 
-    def _attach(self, engine: Engine, prefix: list[int]) -> None:
+    def _attach(self, engine: Engine, prefix: list[int], memory: ConversationMemory, pinned_blocks: int) -> None:
         self._engine = engine
         self._prefix = prefix
+        self._memory = memory
+        self._pinned_blocks = pinned_blocks
         self._opened = True
         self._ready = anyio.Event()
+
+    @property
+    def _pinned(self) -> int:
+        """Tokens of the system prompt the engine keeps pinned (0: none)."""
+        return self._memory.pinned if self._memory is not None else 0
 
     async def __aenter__(self) -> Session:
         return await self.open()
@@ -248,13 +288,19 @@ class Session:
         """Say ``text`` and collect the reply until the model ends its turn or ``max_tokens``."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
-        out = await self.step(text)
-        parts = [out.text]
-        produced = 1
-        while not out.stop and produced < max_tokens:
-            out = await self.step()
-            parts.append(out.text)
-            produced += 1
+        wanted = self._decode_tokens
+        try:
+            self._decode_tokens = min(wanted, max_tokens)
+            out = await self.step(text)
+            parts = [out.text]
+            produced = len(out.tokens)
+            while not out.stop and produced < max_tokens:
+                self._decode_tokens = min(wanted, max_tokens - produced)  # never past max_tokens
+                out = await self.step()
+                parts.append(out.text)
+                produced += len(out.tokens)
+        finally:
+            self._decode_tokens = wanted
         return "".join(parts)
 
     def __aiter__(self) -> Session:
@@ -281,6 +327,7 @@ class Session:
     # observability -------------------------------------------------------------------------------
 
     def stats(self) -> SessionStats:
+        memory = self._memory
         return SessionStats(
             session_id=self.id,
             open=self._opened and not self._closed,
@@ -290,6 +337,11 @@ class Session:
             outputs_dropped=self._dropped,
             num_tokens=self._num_tokens,
             num_blocks=self._num_blocks,
+            pinned_tokens=memory.kept_prefix if memory is not None else 0,
+            evicted_tokens=memory.evicted_tokens if memory is not None else 0,
+            turns=memory.turns if memory is not None else 0,
+            oldest_resident_turn=memory.oldest_resident_turn if memory is not None else None,
+            system_prompt_resident=memory.prompt_resident if memory is not None else True,
         )
 
     def __repr__(self) -> str:

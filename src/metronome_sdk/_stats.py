@@ -43,10 +43,23 @@ class EngineStats:
     shed: int = 0  # sessions shed for leaving outputs unread (LoadShed)
     outputs_dropped: int = 0  # unread outputs discarded (slow_consumer="drop_oldest")
     failed: bool = False  # the engine shut down after max_failed_ticks failed ticks in a row
+    # the per-tick token budget (docs/sessions.md)
+    tick_tokens: int | None = None  # the budget now: most tokens one tick appends (None: no budget)
+    budget_waits: int = 0  # session-ticks a frame waited because the tick's budget was spent
+    slow_steps: int = 0  # steps past the watchdog's limit but within their tokens' measured cost (load shed)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionStats:
+    """One session at one moment, and what its model still sees (docs/sessions.md).
+
+    ``pinned_tokens`` are the first tokens that never leave the cache (the sinks, or the
+    pinned system prompt); ``evicted_tokens`` the conversation tokens the window has
+    dropped since (0 under the full policy). Turns count from 0, one per frame that
+    carries input; ``oldest_resident_turn`` is the oldest still wholly in the cache
+    (``None`` before the first turn, or when not even the latest fits in the window).
+    """
+
     session_id: int
     open: bool
     frames: int
@@ -55,6 +68,11 @@ class SessionStats:
     num_tokens: int
     num_blocks: int
     outputs_dropped: int = 0
+    pinned_tokens: int = 0
+    evicted_tokens: int = 0
+    turns: int = 0
+    oldest_resident_turn: int | None = None
+    system_prompt_resident: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,3 +88,6 @@ class TickReport:
     step_seconds: float
     used_blocks: int
     pool_blocks: int
+    tokens: int = 0  # tokens the tick appended (extra decode rounds included)
+    waiting: tuple[int, ...] = ()  # ids of sessions with input that waited on the tick's token budget
+    tick_tokens: int | None = None  # the tick's token budget (None: no budget)

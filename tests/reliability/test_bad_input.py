@@ -166,14 +166,19 @@ CONFIGS: dict[str, tuple[Any, dict[str, Any]]] = {
                 v is None or (isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < math.inf)
             ),
             "max_chunk_tokens": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "tick_tokens": lambda v: (
+                v is None or v == "auto" or (isinstance(v, int) and not isinstance(v, bool) and v >= 1)
+            ),
+            "step_share": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 1,
         },
     ),
     "AdmissionConfig": (
         AdmissionConfig,
         {
-            "initial_limit": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024,
-            "min_limit": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 4,
-            "max_limit": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 4,
+            "initial_limit": lambda v: v is None or (isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024),
+            "session_tokens": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
+            "min_limit": lambda v: isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1024,
+            "max_limit": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
             "increase": lambda v: isinstance(v, int) and not isinstance(v, bool) and v >= 1,
             "decrease": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 < v < 1,
             "target": lambda v: isinstance(v, int | float) and not isinstance(v, bool) and 0 < v <= 1,

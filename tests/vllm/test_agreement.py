@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,7 +15,7 @@ from metronome_engine import EngineBackend, EngineCore, KVPolicy, StepRequest
 from metronome_engine.vllm_backend import VLLMEngineCore
 from metronome_engine.weights import load_model
 
-from .conftest import VOCAB
+from .conftest import VOCAB, tiny_llama_dir
 
 WINDOW = KVPolicy.windowed(64, sinks=4)
 
@@ -49,10 +50,16 @@ def vllm_full(tiny_dir: Path) -> Iterator[VLLMEngineCore]:
         yield core
 
 
-@pytest.fixture(scope="module")
-def vllm_window(tiny_dir: Path) -> Iterator[VLLMEngineCore]:
-    with VLLMEngineCore(tiny_dir, policy=WINDOW, num_blocks=64, block_size=32) as core:
-        yield core
+@pytest.fixture(scope="module", params=["LBNHC", "LBHNC"], ids=["NHD", "HND"])
+def vllm_window(tiny_dir: Path, request: pytest.FixtureRequest) -> Iterator[VLLMEngineCore]:
+    """The windowed backend on each of vLLM's two cache layouts (its layers read either)."""
+    os.environ["VLLM_KV_CACHE_LAYOUT"] = request.param
+    try:
+        with VLLMEngineCore(tiny_dir, policy=WINDOW, num_blocks=64, block_size=32) as core:
+            assert core.kv_cache_layout == request.param
+            yield core
+    finally:
+        del os.environ["VLLM_KV_CACHE_LAYOUT"]
 
 
 def test_is_an_engine_backend(vllm_full: VLLMEngineCore) -> None:
@@ -98,3 +105,20 @@ def test_step_rejects_bad_requests_before_anything_changes(vllm_full: VLLMEngine
     assert vllm_full.sequence_length(sid) == 0
     vllm_full.free_sequence(sid)
     vllm_full.free_sequence(sid)  # idempotent
+
+
+def test_windowed_stream_runs_past_the_trained_length(tmp_path: Path) -> None:
+    """A model trained on 128 positions, a stream of 600+ tokens: greedy output still equals the torch runner's.
+
+    Both cache keys rotated at their stream index with float64 angles; attention sees distances
+    up to S + W only. The full policy stops at the trained length with CONTEXT_LIMIT.
+    """
+    model = tiny_llama_dir(tmp_path / "short", seed=3, max_positions=128)
+    policy = KVPolicy.windowed(32, sinks=4)
+    sessions = [chunks(6, 300, first=30), chunks(7, 260, first=9)]
+    ref = greedy(EngineCore(load_model(model), policy=policy, num_blocks=256, block_size=32, kernels="torch"), sessions)
+    with VLLMEngineCore(model, policy=policy, num_blocks=32, block_size=32, max_model_len=4096) as core:
+        assert core.max_model_len > 128 * 4
+        got = greedy(core, sessions)
+    assert sum(len(s) for s in sessions[0]) > 4 * 128
+    assert got == ref

@@ -25,29 +25,40 @@ from aiortc.mediastreams import MediaStreamError
 from aiortc.rtcsctptransport import DataChunk
 
 from metronome_sdk.voice._audio import level_dbfs, resample
+from metronome_sdk.webrtc._peer import _hear_without_playout_delay
 
 RATE = 48000
 FRAME = 960  # 20 ms
 
 
 class Microphone(MediaStreamTrack):
-    """Plays ``speech`` once (or never), then silence, paced in real time like a microphone."""
+    """Plays ``speech`` once (or never), then silence, paced in real time like a microphone.
+
+    With ``ends=True`` the track ends with the speech's last sample, as a file player's does.
+    """
 
     kind = "audio"
 
-    def __init__(self, speech: npt.NDArray[np.int16] | None = None) -> None:
+    def __init__(self, speech: npt.NDArray[np.int16] | None = None, *, ends: bool = False) -> None:
         super().__init__()
         self._speech = speech if speech is not None else np.zeros(0, dtype=np.int16)
         self._pos = 0
         self._start: float | None = None
+        self.ends = ends
 
-    def say(self, speech: npt.NDArray[np.int16]) -> None:
-        """Speak ``speech`` from now on (after what is still to be said)."""
+    def say(self, speech: npt.NDArray[np.int16]) -> float:
+        """Speak ``speech`` from now on (after what is still to be said); when it starts (time.monotonic())."""
         pad = np.zeros(max(0, self._pos - self._speech.size), dtype=np.int16)
+        starts = self._speech.size + pad.size
         self._speech = np.concatenate([self._speech, pad, speech])
+        origin = self._start if self._start is not None else time.monotonic()
+        return origin + starts / RATE
 
     async def recv(self) -> av.AudioFrame:
         if self.readyState != "live":
+            raise MediaStreamError
+        if self.ends and self._pos >= self._speech.size:
+            self.stop()
             raise MediaStreamError
         if self._start is None:
             self._start = time.monotonic()
@@ -84,7 +95,10 @@ async def offer_sdp() -> str:
 class Call:
     """One call to the server: events as they come, the reply audio's loudness."""
 
-    def __init__(self, speech: npt.NDArray[np.int16] | None = None) -> None:
+    def __init__(
+        self, speech: npt.NDArray[np.int16] | None = None, *, track_ends: bool = False, playout_buffer: bool = True
+    ) -> None:
+        self.playout_buffer = playout_buffer  # False: hear each reply frame once whole, not 80 ms later
         self.pc = RTCPeerConnection()
         self.events: list[dict[str, Any]] = []
         self.arrivals: list[float] = []  # time.monotonic() of each event
@@ -93,7 +107,8 @@ class Call:
         self.max_dbfs = -100.0
         self.channel = self.pc.createDataChannel("events")
         self.channel.on("message", self._on_message)
-        self.microphone = Microphone(speech)
+        self.levels: list[tuple[float, float]] = []  # (arrival, dBFS) of each reply frame
+        self.microphone = Microphone(speech, ends=track_ends)
         self.pc.addTrack(self.microphone)
         self.pc.on("track", lambda track: asyncio.ensure_future(self._listen(track)))
 
@@ -109,6 +124,7 @@ class Call:
                 assert isinstance(frame, av.AudioFrame)
                 pcm = frame.to_ndarray().reshape(-1).astype(np.int16)
                 level = level_dbfs(pcm)
+                self.levels.append((time.monotonic(), level))
                 self.max_dbfs = max(self.max_dbfs, level)
                 if level > -40.0:
                     self.loud_seconds += frame.samples / frame.sample_rate
@@ -126,6 +142,9 @@ class Call:
             if resp.status != 200:
                 raise RuntimeError(f"the server refused the call: {resp.status} {body}")
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type=body["type"]))
+        if not self.playout_buffer:
+            for transceiver in self.pc.getTransceivers():
+                _hear_without_playout_delay(transceiver.receiver)
 
     def of_type(self, kind: str) -> list[dict[str, Any]]:
         return [e for e in self.events if e.get("type") == kind]

@@ -1,7 +1,6 @@
 from __future__ import annotations
 
 import shutil
-import subprocess
 import wave
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -11,6 +10,7 @@ import numpy.typing as npt
 import pytest
 
 from metronome_sdk import Engine
+from metronome_sdk.voice import EspeakTTS, PiperTTS, VoiceActivityDetector
 from metronome_sdk.webrtc import ServerConfig, WebRTCServer
 from tests.sdk.conftest import make_engine
 
@@ -47,15 +47,24 @@ def _one_thread(one_torch_thread: None) -> None:
     """Every test here runs on one torch thread (see tests/conftest.py)."""
 
 
-def speech_wav(path: Path, text: str = QUESTION, *, silence: float = 1.5) -> Path:
-    """An espeak-ng recording of ``text`` followed by ``silence`` seconds of quiet (a turn's end)."""
-    if shutil.which("espeak-ng") is None:
-        pytest.skip("espeak-ng is not installed (Debian: apt-get install espeak-ng)")
-    raw = path.with_suffix(".raw.wav")
-    subprocess.run(["espeak-ng", "-w", str(raw), "-s", "150"], input=text.encode(), check=True, timeout=30)
-    with wave.open(str(raw)) as w:
-        rate, data = w.getframerate(), w.readframes(w.getnframes())
-    pcm = np.concatenate([np.frombuffer(data, dtype=np.int16), np.zeros(round(silence * rate), dtype=np.int16)])
+def speak(text: str, *, voice: str = "piper") -> tuple[npt.NDArray[np.int16], int]:
+    """``text`` spoken by Piper's joe voice (the [voice] extra) or espeak-ng (``make test`` installs it)."""
+    if voice == "espeak":
+        if shutil.which("espeak-ng") is None:
+            pytest.fail("espeak-ng is not installed: `make test` installs it (Debian: apt-get install espeak-ng)")
+        return EspeakTTS(speed=150).synthesize(text)
+    with PiperTTS() as tts:
+        return tts.synthesize(text)
+
+
+def speech_wav(
+    path: Path, text: str = QUESTION, *, silence: float = 1.5, lead: float = 0.0, voice: str = "piper"
+) -> Path:
+    """A recording of ``text`` after ``lead`` and before ``silence`` seconds of quiet (a turn's end; 0 for none)."""
+    pcm, rate = speak(text, voice=voice)
+    pcm = np.concatenate(
+        [np.zeros(round(lead * rate), dtype=np.int16), pcm, np.zeros(round(silence * rate), dtype=np.int16)]
+    )
     with wave.open(str(path), "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(2)
@@ -76,4 +85,6 @@ async def tiny_engine() -> AsyncIterator[Engine]:
 def tiny_server(engine: Engine, **config: object) -> WebRTCServer:
     config.setdefault("port", 0)
     config.setdefault("max_reply_tokens", 12)
-    return WebRTCServer(engine, ServerConfig(**config), stt=FixedSTT(), tts=ToneTTS())  # type: ignore[arg-type]
+    # the callers speak tones, which are speech to loudness (Silero, the default, hears no voice in them)
+    server_config = ServerConfig(**config)  # type: ignore[arg-type]
+    return WebRTCServer(engine, server_config, stt=FixedSTT(), tts=ToneTTS(), vad=VoiceActivityDetector)

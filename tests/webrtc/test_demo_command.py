@@ -23,20 +23,21 @@ def _demo(*args: str) -> subprocess.Popen[str]:
 
 
 def test_metronome_demo_serves_the_page_and_stops_on_ctrl_c() -> None:
-    proc = _demo("--port", "0")
-    try:
-        assert proc.stdout is not None
-        line = proc.stdout.readline()  # printed once the model, the voice and the socket are ready
-        assert line.startswith("voice demo on http://127.0.0.1:"), line
-        url = line.split()[3]
-        with urllib.request.urlopen(url, timeout=10) as resp:
-            assert resp.status == 200 and b'id="start"' in resp.read()
-        proc.send_signal(signal.SIGINT)
-        _, err = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
+    # `with`: its pipes are closed however the test ends (a failed start once left them to the garbage collector)
+    with _demo("--port", "0") as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()  # printed once the model, the voice and the socket are ready
+            assert line.startswith("voice demo on http://127.0.0.1:"), line + proc.communicate(timeout=30)[1]
+            url = line.split()[3]
+            with urllib.request.urlopen(url, timeout=10) as resp:
+                assert resp.status == 200 and b'id="start"' in resp.read()
+            proc.send_signal(signal.SIGINT)
+            _, err = proc.communicate(timeout=30)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
     assert proc.returncode == 0, err
     assert "stopped: every peer connection and session closed" in err
     assert "Traceback" not in err
@@ -47,8 +48,8 @@ def test_metronome_demo_names_a_port_it_cannot_take() -> None:
         taken.bind(("127.0.0.1", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = _demo("--port", str(port))
-        _, err = proc.communicate(timeout=90)
+        with _demo("--port", str(port)) as proc:
+            _, err = proc.communicate(timeout=90)
     assert proc.returncode == 2
     assert f"metronome: error: cannot listen on 127.0.0.1:{port}" in err
     assert "Traceback" not in err

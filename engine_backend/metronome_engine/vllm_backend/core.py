@@ -31,10 +31,15 @@ from ..kv_policy import KVPolicy
 from ..sampling import SamplingParams
 from ..weights import read_config, resolve_model_dir
 from .plugin import SINK_WINDOW_ARCH, register
+from .positions import gap_blocks
 
 __all__ = ["VLLMEngineCore", "VLLMStats"]
 
 _MAX_INNER_STEPS = 10_000  # vLLM steps one of our steps may take (chunked prefill of long inputs)
+# a windowed stream's default cap: vLLM sizes per-request token and block tables by max_model_len
+# (max_num_seqs x max_model_len int32 on the host), so "forever" is a large finite length
+_DEFAULT_STREAM_TOKENS = 1 << 16
+_MAX_DEFAULT_SESSIONS = 1024  # the SDK's AdmissionConfig.max_limit default
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +51,7 @@ class VLLMStats:
     num_starved: int
     num_running: int
     num_waiting: int
+    forward_passes: int  # vLLM model forwards run so far: one per tick when the batching fits the tick
 
 
 @dataclass(slots=True)
@@ -66,6 +72,18 @@ class VLLMEngineCore:
     ``block_size`` tokens; on CPU a multiple of 32). ``load_format="dummy"`` builds random
     weights from the config alone. ``engine_args`` passes further ``vllm.EngineArgs``
     fields (``tensor_parallel_size``, ``gpu_memory_utilization``, ...).
+
+    Batching is sized from the workload so that one tick is one vLLM forward pass:
+    ``max_sessions`` (the admission cap; by default as many sessions as the pool holds at
+    their bound, at most 1024) becomes ``max_num_seqs``, and ``max_sessions * tick_tokens``
+    (``tick_tokens``: the most tokens one session appends in a tick, the SDK's
+    ``TimingConfig.max_chunk_tokens``) becomes ``max_num_batched_tokens``. ``max_num_seqs``
+    and ``max_num_batched_tokens`` override either.
+
+    A windowed stream runs past the model's trained length (keys are cached rotated at their
+    stream index and the RoPE table is extended; attention sees only distances up to
+    ``S + W``), up to ``max_model_len`` tokens (default 65,536, or the trained length if
+    larger), where a step reports ``Stall.CONTEXT_LIMIT``.
     """
 
     def __init__(
@@ -76,10 +94,13 @@ class VLLMEngineCore:
         num_blocks: int,
         block_size: int = 32,
         max_model_len: int | None = None,
-        max_num_seqs: int = 64,
-        max_num_batched_tokens: int = 512,
+        max_sessions: int | None = None,
+        tick_tokens: int = 64,
+        max_num_seqs: int | None = None,
+        max_num_batched_tokens: int | None = None,
         dtype: str = "float32",
         load_format: str = "auto",
+        enforce_eager: bool | None = None,
         engine_args: Mapping[str, Any] | None = None,
     ) -> None:
         if not isinstance(policy, KVPolicy):
@@ -92,16 +113,36 @@ class VLLMEngineCore:
                 f"the pool of {num_blocks} blocks cannot hold one session's bound of {bound} blocks "
                 f"({policy!r}, block_size={block_size}); raise num_blocks to at least {bound} or lower the window"
             )
+        for name, value in (("tick_tokens", tick_tokens), ("max_sessions", max_sessions)):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         model_dir = resolve_model_dir(model)
         self._config = ModelConfig.from_hf(read_config(model_dir))
         self._policy = policy
         self.block_size = block_size
         self.num_blocks = num_blocks
+        trained = self._config.max_position_embeddings
         if max_model_len is None:
-            longest = self._config.max_position_embeddings
             # full attention: vLLM wants the pool to hold one request of max_model_len
-            max_model_len = longest if policy.bounded else min(longest, num_blocks * block_size)
+            longest = max(trained, _DEFAULT_STREAM_TOKENS)
+            max_model_len = longest if policy.bounded else min(trained, num_blocks * block_size)
+        if max_model_len > trained:
+            if not policy.bounded:
+                raise ValueError(
+                    f"max_model_len={max_model_len} is past the model's trained length {trained}; "
+                    "only a windowed policy runs past it"
+                )
+            os.environ["VLLM_ALLOW_LONG_MAX_MODEL_LEN"] = "1"  # the layers extend RoPE, see model.extend_rope
         self.max_model_len = max_model_len
+        if max_sessions is None:
+            bound = policy.max_blocks(block_size, chunk=tick_tokens) or 1
+            max_sessions = max(1, min(num_blocks // bound, _MAX_DEFAULT_SESSIONS))
+        self.max_sessions = max_sessions
+        self.tick_tokens = tick_tokens
+        if max_num_seqs is None:
+            max_num_seqs = max_sessions
+        if max_num_batched_tokens is None:
+            max_num_batched_tokens = max_sessions * tick_tokens
         # the backend reads vLLM's scheduler, so the engine core must live in this process
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         register()
@@ -114,7 +155,8 @@ class VLLMEngineCore:
             "skip_tokenizer_init": True,
             "dtype": dtype,
             "load_format": load_format,
-            "enforce_eager": True,  # the sinks + window layers index per request in Python
+            # CUDA graphs and torch.compile on GPUs; on CPU, compiling costs minutes of start-up
+            "enforce_eager": (not current_platform.is_cuda()) if enforce_eager is None else enforce_eager,
             "block_size": block_size,
             "enable_prefix_caching": False,  # sessions share no prefixes; a hit would bypass the bound
             "num_gpu_blocks_override": num_blocks + 1,  # vLLM keeps one block as its null block
@@ -143,6 +185,7 @@ class VLLMEngineCore:
         self._ids = itertools.count(1)
         self._preemptions = 0
         self._starved = 0
+        self._forward_passes = 0
         self._closed = False
 
     # the EngineBackend interface ----------------------------------------------------------------
@@ -183,6 +226,12 @@ class VLLMEngineCore:
         free = self._kv.block_pool.get_num_free_blocks()
         return PoolStats(self.num_blocks, self.num_blocks - free, self.block_size, len(self._seqs))
 
+    @property
+    def kv_cache_layout(self) -> str | None:
+        """The physical KV cache layout vLLM resolved: ``"LBNHC"`` is NHD, ``"LBHNC"`` HND."""
+        layout = self._core.vllm_config.cache_config.kv_cache_layout
+        return None if layout is None else str(layout)
+
     def vllm_stats(self) -> VLLMStats:
         running, waiting = self._scheduler.get_request_counts()
         return VLLMStats(
@@ -191,6 +240,7 @@ class VLLMEngineCore:
             num_starved=self._starved,
             num_running=running,
             num_waiting=waiting,
+            forward_passes=self._forward_passes,
         )
 
     def close(self) -> None:
@@ -275,6 +325,7 @@ class VLLMEngineCore:
                 break
             step_outputs, executed = self._core.step()
             self._core.post_step(model_executed=executed)
+            self._forward_passes += int(executed)
             for outs in step_outputs.values():
                 for out in outs.outputs:
                     if out.request_id in pending and out.new_token_ids:
@@ -302,16 +353,29 @@ class VLLMEngineCore:
 
     # helpers ------------------------------------------------------------------------------------
 
-    def _blocks(self, seq: _Seq) -> list[Any]:
+    def _table_length(self, seq: _Seq) -> int:
+        """Entries of vLLM's block list for the session, null placeholders included (O(1): no copy, no scan)."""
         manager = self._kv.coordinator.single_type_managers[0]
-        return list(manager.req_to_blocks.get(seq.request_id, ()))
+        return len(manager.req_to_blocks.get(seq.request_id, ()))
 
     def _held_blocks(self, seq: _Seq) -> int:
-        return sum(1 for b in self._blocks(seq) if not b.is_null)
+        """Blocks the session holds, in O(1): its list minus the gap the window left behind.
+
+        The gap is a run of null blocks whose extent is arithmetic on the stream length, as
+        ``SinkWindowManager`` frees it (``positions.gap_blocks``); nothing is scanned.
+        """
+        length = self._table_length(seq)
+        if not self._policy.bounded or seq.evicted:
+            return length
+        assert self._policy.window is not None
+        gap = gap_blocks(
+            seq.num_tokens, window=self._policy.window, sinks=self._policy.sinks, block_size=self.block_size
+        )
+        return length - max(0, min(gap.stop, length) - gap.start)
 
     def _blocks_needed(self, seq: _Seq, n: int) -> int:
         """New blocks vLLM will take to append ``n`` tokens (its table, nulls included, only grows)."""
-        return max(0, math.ceil((seq.num_tokens + n) / self.block_size) - len(self._blocks(seq)))
+        return max(0, math.ceil((seq.num_tokens + n) / self.block_size) - self._table_length(seq))
 
     def _output(self, seq_id: int, seq: _Seq, *, token: int | None = None, stall: Stall | None = None) -> StepOutput:
         return StepOutput(

@@ -24,12 +24,14 @@ def register() -> None:
     from vllm.v1.kv_cache_interface import FullAttentionSpec
     from vllm.v1.kv_cache_spec_registry import KVCacheSpecRegistry
 
+    from .attn_backend import register_backends
     from .kv_spec import SinkWindowManager, SinkWindowSpec
 
     # vLLM registers its built-in specs only while its registry is empty: let it go first
     KVCacheSpecRegistry._ensure_registered()
     # grouped with full attention: same page layout, only the freeing differs
     KVCacheSpecRegistry.register(SinkWindowSpec, SinkWindowManager, uniform_type_base_spec=FullAttentionSpec)
+    register_backends()
     if SINK_WINDOW_ARCH not in ModelRegistry.get_supported_archs():
         ModelRegistry.register_model(SINK_WINDOW_ARCH, "metronome_engine.vllm_backend.model:SinkWindowLlamaForCausalLM")
     _registered = True

@@ -1,22 +1,41 @@
 """The embedded voice: speech in, the session's answer out as speech, by turns.
 
 ``SpeechToText`` and ``TextToSpeech`` are one-method protocols, so a better recognizer or
-voice plugs in; ``PocketSphinxSTT`` and ``EspeakTTS`` run offline on a laptop.
+voice plugs in. The default voice (the ``[voice]`` extra) is ``WhisperSTT`` (Whisper tiny.en)
+and ``PiperTTS`` (Piper's joe voice, run as its own process); ``PocketSphinxSTT`` and
+``EspeakTTS`` are the light alternatives. ``VoiceActivityDetector`` takes turns with a
+``SileroClassifier`` (Silero VAD) or a ``LoudnessClassifier``.
 """
 
-from ._agent import VoiceAgent, error_event, stats_event
+from ._agent import TurnLatency, VoiceAgent, error_event, stats_event
 from ._espeak import EspeakTTS
+from ._piper import PiperTTS
 from ._pocketsphinx import PocketSphinxSTT
-from ._protocols import SpeechToText, TextToSpeech
-from ._vad import VoiceActivityDetector
+from ._protocols import Playback, SpeechToText, TextToSpeech
+from ._vad import (
+    LoudnessClassifier,
+    SileroClassifier,
+    SpeechClassifier,
+    VoiceActivityDetector,
+    default_turn_detector,
+)
+from ._whisper import WhisperSTT
 
 __all__ = [
     "EspeakTTS",
+    "LoudnessClassifier",
+    "PiperTTS",
+    "Playback",
     "PocketSphinxSTT",
+    "SileroClassifier",
+    "SpeechClassifier",
     "SpeechToText",
     "TextToSpeech",
+    "TurnLatency",
     "VoiceActivityDetector",
     "VoiceAgent",
+    "WhisperSTT",
+    "default_turn_detector",
     "error_event",
     "stats_event",
 ]

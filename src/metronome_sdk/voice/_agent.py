@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 import re
+import time
+from dataclasses import dataclass
 
 import anyio
 import numpy as np
@@ -20,10 +22,10 @@ from .._log import get_logger
 from .._session import Session
 from ..transports._base import Event, Transport
 from ._audio import pcm16, resample
-from ._protocols import SpeechToText, TextToSpeech
+from ._protocols import Playback, SpeechToText, TextToSpeech
 from ._vad import VoiceActivityDetector
 
-__all__ = ["VoiceAgent", "error_event", "stats_event"]
+__all__ = ["TurnLatency", "VoiceAgent", "error_event", "stats_event"]
 
 _SENTENCE_END = re.compile(r"[.!?;:]\s*$")
 
@@ -71,15 +73,67 @@ def frame_event(out: OutputFrame, deadline: float) -> Event:
     }
 
 
+@dataclass(frozen=True, slots=True)
+class TurnLatency:
+    """Where one turn's voice-to-voice time went, in seconds of wall-clock time.
+
+    ``voice_to_voice``: from the end of the caller's speech to the first reply audio handed to
+    the transport (the figure voice-app developers compare). It is the sum of ``turn_end``
+    (the pause the turn detector waited for, or nothing when the caller's audio stopped),
+    ``transcribe`` (speech to text), ``first_sentence`` (the session's prefill and decode up
+    to the first complete sentence) and ``synthesize`` (that sentence to speech).
+    """
+
+    voice_to_voice: float
+    turn_end: float
+    transcribe: float
+    first_sentence: float
+    synthesize: float
+
+    def event(self) -> Event:
+        return {
+            "type": "latency",
+            "voice_to_voice": self.voice_to_voice,
+            "turn_end": self.turn_end,
+            "transcribe": self.transcribe,
+            "first_sentence": self.first_sentence,
+            "synthesize": self.synthesize,
+        }
+
+
+@dataclass(slots=True)
+class _Turn:
+    number: int
+    utterance: npt.NDArray[np.int16]
+    speech_end: float  # time.monotonic() when the caller stopped speaking
+    heard_at: float  # when the turn detector ended the turn
+    transcribed_at: float = math.nan
+    first_sentence_at: float = math.nan
+    first_synthesis_at: float = math.nan
+    answered: bool = False  # the session's reply is complete (or cut)
+
+
 class VoiceAgent:
     """Turn-taking conversation between a peer (a ``Transport``) and an open ``Session``.
 
-    Voice activity ends a turn; ``stt`` transcribes it on a worker thread; the session
-    answers with the model's chat template, one token per tick, up to ``max_reply_tokens``;
-    each sentence goes to ``tts`` as soon as it is complete. ``run()`` closes the transport
-    and returns when the peer hangs up. If the engine fails the session (``EngineStalled``, ``LoadShed``,
-    ``CacheExhausted``...), the peer gets an ``error`` event and a ``closed`` event, the
-    transport is closed, and ``run()`` raises that error. The caller owns the session.
+    A turn ends when ``vad`` hears a pause, or when the caller's audio stops: its track ended
+    (``receive_audio`` raised ``anyio.EndOfStream``) or no frame came for ``turn_gap``
+    seconds. ``stt`` transcribes it on a worker thread; the session answers with the model's
+    chat template, up to ``max_reply_tokens``; each sentence goes to ``tts`` as soon as it is
+    complete; ``decode_tokens`` (the session's own setting when None) lets each output frame
+    carry several tokens, so the first sentence is whole in fewer ticks. Each answered turn's
+    ``TurnLatency`` goes to the peer as a ``latency`` event and into ``stats`` events as
+    ``voice_to_voice``.
+
+    Barge-in: when the caller speaks for ``barge_in`` seconds while a reply is under way, the
+    reply stops at once: no more decoding, no more sentences spoken, and on a transport that
+    plays audio in real time (``Playback``, as ``WebRTCPeer``) the queued reply audio is cut.
+
+    ``run()`` answers the turn in progress when the caller's audio ends (and lets it play
+    out), then closes the transport and returns. If the engine fails the session
+    (``EngineStalled``, ``LoadShed``, ``CacheExhausted``...), the peer gets an ``error`` event
+    and a ``closed`` event, the transport is closed, and ``run()`` raises that error. The
+    caller owns the session.
     """
 
     def __init__(
@@ -92,6 +146,9 @@ class VoiceAgent:
         vad: VoiceActivityDetector | None = None,
         max_reply_tokens: int = 48,
         stats_interval: float = 0.5,
+        turn_gap: float = 0.5,
+        barge_in: float | None = 0.06,
+        decode_tokens: int | None = None,
     ) -> None:
         if not isinstance(stt, SpeechToText):
             raise ValueError(f"stt must have transcribe(samples, sample_rate), got {stt!r}")
@@ -99,6 +156,12 @@ class VoiceAgent:
             raise ValueError(f"tts must have synthesize(text), got {tts!r}")
         if isinstance(max_reply_tokens, bool) or not isinstance(max_reply_tokens, int) or max_reply_tokens < 1:
             raise ValueError(f"max_reply_tokens must be an int >= 1, got {max_reply_tokens!r}; try 48")
+        if not 0.05 <= turn_gap <= 10.0:
+            raise ValueError(f"turn_gap must be in [0.05, 10] seconds, got {turn_gap!r}; try 0.5")
+        if barge_in is not None and not 0.0 < barge_in <= 2.0:
+            raise ValueError(f"barge_in must be in (0, 2] seconds of speech, or None for no barge-in; got {barge_in!r}")
+        if decode_tokens is not None:
+            session.decode_tokens = decode_tokens  # checked by the session; the agent is its consumer
         self.session = session
         self.transport = transport
         self.stt = stt
@@ -106,11 +169,19 @@ class VoiceAgent:
         self.vad = vad or VoiceActivityDetector()
         self.max_reply_tokens = max_reply_tokens
         self.stats_interval = stats_interval
+        self.turn_gap = turn_gap
+        self.barge_in = barge_in
+        self.latencies: list[TurnLatency] = []
+        self.interruptions = 0
         self._log = get_logger(session_id=session.id)
-        self._utterance: npt.NDArray[np.int16] | None = None
+        self._turns = 0
+        self._next: _Turn | None = None  # heard, not yet answered
         self._heard = anyio.Event()
+        self._replying: _Turn | None = None  # from transcription until its last sentence is spoken
+        self._cut = 0  # replies to turns up to this number are cut (barge-in)
+        self._unspoken = 0  # sentences sent to the voice and not yet handed to the transport
         self._failure: MetronomeError | None = None
-        self._speech_in, self._speech_out = anyio.create_memory_object_stream[str](64)
+        self._speech_in, self._speech_out = anyio.create_memory_object_stream[tuple[_Turn, str]](64)
 
     async def run(self) -> None:
         engine = self.session.engine
@@ -122,7 +193,8 @@ class VoiceAgent:
                 tg.start_soon(self._stats_loop, tg.cancel_scope)
                 tg.start_soon(self._reply_loop, tg.cancel_scope)
                 tg.start_soon(self._speak_loop)
-                await self._listen()
+                if await self._listen():
+                    await self._last_word()
                 tg.cancel_scope.cancel()
         if self._failure is None:
             self._log.info("voice.hung_up")
@@ -139,49 +211,113 @@ class VoiceAgent:
         self._log.warning("voice.failed", error=type(failure).__name__)
         raise failure
 
-    async def _listen(self) -> None:
+    # listening -----------------------------------------------------------------------------------
+
+    async def _listen(self) -> bool:
+        """Hear turns until the caller's audio ends; whether it ended with a turn still to answer."""
+        last_frame = time.monotonic()
         while self._failure is None:
-            try:
-                frame = await self.transport.receive_audio()
-            except anyio.EndOfStream:
-                return
-            except SessionBroken as exc:
-                self._failure = exc
-                return
+            frame = None
+            with anyio.move_on_after(self.turn_gap):
+                try:
+                    frame = await self.transport.receive_audio()
+                except anyio.EndOfStream:
+                    return self._end_turn(self.vad.flush(), last_frame)
+                except SessionBroken as exc:
+                    self._failure = exc
+                    return False
+            if frame is None:  # no audio for turn_gap: the caller's audio stopped, and with it the turn
+                self._end_turn(self.vad.flush(), last_frame)
+                continue
+            last_frame = time.monotonic()
             assert frame.sample_rate is not None
             pcm = pcm16(frame.samples_float32())
             if frame.sample_rate != self.vad.sample_rate:
                 pcm = resample(pcm, frame.sample_rate, self.vad.sample_rate)
             for utterance in self.vad.push(pcm):
-                self._utterance = utterance  # a newer turn replaces one not yet answered
-                self._heard.set()
+                self._end_turn(utterance, last_frame)
+            await self._barge_in()
+        return False
+
+    def _end_turn(self, utterance: npt.NDArray[np.int16] | None, last_frame: float) -> bool:
+        if utterance is None:
+            return False
+        self._turns += 1
+        now = time.monotonic()
+        speech_end = min(now, last_frame) - self.vad.silence_after
+        self._next = _Turn(self._turns, utterance, speech_end=speech_end, heard_at=now)  # replaces one not answered
+        self._heard.set()
+        return True
+
+    async def _barge_in(self) -> None:
+        """The caller speaks over the reply: cut it, so the caller is heard instead."""
+        if self.barge_in is None or self.vad.speech_heard < self.barge_in:
+            return
+        turn = self._replying
+        decoding = turn is not None and turn.number > self._cut
+        playing = isinstance(self.transport, Playback) and self.transport.queued_audio_seconds > 0
+        if not (decoding or playing):
+            return
+        if turn is not None:
+            self._cut = max(self._cut, turn.number)
+        if isinstance(self.transport, Playback):
+            self.transport.clear_audio()
+        self.interruptions += 1
+        self._log.info("voice.barge_in", turn=self._cut, decoding=decoding, playing=playing)
+        await self.transport.send_event({"type": "interrupted", "decoding": decoding, "playing": playing})
+
+    async def _last_word(self) -> None:
+        """The caller's audio ended mid-turn: answer that turn, and let the answer play out."""
+        if getattr(self.transport, "gone", False):  # the peer hung up: nobody would hear the answer
+            return
+        while self._failure is None and (self._next is not None or self._replying is not None):
+            await anyio.sleep(0.05)
+        if isinstance(self.transport, Playback):
+            # bounded: a peer that stopped playing (it left) must not hold the session open
+            with anyio.move_on_after(self.transport.queued_audio_seconds + 2.0):
+                while self._failure is None and self.transport.queued_audio_seconds > 0:
+                    await anyio.sleep(0.05)
+
+    def _done_with(self, turn: _Turn) -> None:
+        if turn.answered and self._unspoken == 0 and self._replying is turn:
+            self._replying = None
+
+    # answering -----------------------------------------------------------------------------------
 
     async def _reply_loop(self, scope: anyio.CancelScope) -> None:
         try:
             while True:
                 await self._heard.wait()
                 self._heard = anyio.Event()
-                utterance, self._utterance = self._utterance, None
-                if utterance is None:
+                turn, self._next = self._next, None
+                if turn is None:
                     continue
+                self._replying = turn
                 await self.transport.send_event({"type": "state", "state": "thinking"})
-                text = await anyio.to_thread.run_sync(self.stt.transcribe, utterance, self.vad.sample_rate)
-                self._log.info("voice.heard", chars=len(text), seconds=utterance.size / self.vad.sample_rate)
-                if text:
-                    await self.transport.send_event({"type": "transcript", "role": "user", "text": text, "final": True})
-                    await self._answer(text)
+                text = await anyio.to_thread.run_sync(self.stt.transcribe, turn.utterance, self.vad.sample_rate)
+                turn.transcribed_at = time.monotonic()
+                self._log.info("voice.heard", chars=len(text), seconds=turn.utterance.size / self.vad.sample_rate)
+                try:
+                    if text:
+                        await self.transport.send_event(
+                            {"type": "transcript", "role": "user", "text": text, "final": True}
+                        )
+                        await self._answer(turn, text)
+                finally:
+                    turn.answered = True
+                    self._done_with(turn)
                 await self.transport.send_event({"type": "state", "state": "listening"})
         except MetronomeError as exc:
             self._failure = exc
             scope.cancel()
 
-    async def _answer(self, text: str) -> None:
+    async def _answer(self, turn: _Turn, text: str) -> None:
         engine = self.session.engine
         deadline = engine.timing.frame_deadline if engine is not None else math.nan
         reply: list[str] = []
         sentence = ""
         out = await self.session.step(text)
-        produced = 1
+        produced = max(1, len(out.tokens))  # tokens: a frame may carry several (decode_tokens)
         while True:
             await self.transport.send_event(frame_event(out, deadline))
             if out.text:
@@ -190,28 +326,56 @@ class VoiceAgent:
                 await self.transport.send_event(
                     {"type": "transcript", "role": "assistant", "text": out.text, "final": False}
                 )
-            last = out.stop or produced >= self.max_reply_tokens
-            if sentence.strip() and (last or _SENTENCE_END.search(sentence)):
-                await self._speech_in.send(sentence.strip())
+            cut = turn.number <= self._cut
+            last = cut or out.stop or produced >= self.max_reply_tokens
+            if not cut and sentence.strip() and (last or _SENTENCE_END.search(sentence)):
+                if math.isnan(turn.first_sentence_at):
+                    turn.first_sentence_at = time.monotonic()
+                self._unspoken += 1
+                await self._speech_in.send((turn, sentence.strip()))
                 sentence = ""
             if last:
                 break
             out = await self.session.step()
-            produced += 1
+            produced += max(1, len(out.tokens))
         answer = "".join(reply).strip()
-        await self.transport.send_event({"type": "transcript", "role": "assistant", "text": answer, "final": True})
-        self._log.info("voice.answered", frames=produced, chars=len(answer), stopped=out.stop)
+        final: Event = {"type": "transcript", "role": "assistant", "text": answer, "final": True}
+        if cut:
+            final["interrupted"] = True
+        await self.transport.send_event(final)
+        self._log.info("voice.answered", tokens=produced, chars=len(answer), stopped=out.stop, interrupted=cut)
 
     async def _speak_loop(self) -> None:
-        async for sentence in self._speech_out:
+        async for turn, sentence in self._speech_out:
             try:
-                samples, rate = await anyio.to_thread.run_sync(self.tts.synthesize, sentence)
-            except Exception as exc:  # a broken voice is reported, and the words still went out as text
-                self._log.warning("voice.tts_failed", error=repr(exc))
-                await self.transport.send_event(error_event(exc))
-                continue
-            if samples.size:
-                await self.transport.send_audio(pcm16(samples), rate)
+                if turn.number > self._cut:
+                    await self._speak(turn, sentence)
+            finally:
+                self._unspoken -= 1
+                self._done_with(turn)
+
+    async def _speak(self, turn: _Turn, sentence: str) -> None:
+        try:
+            samples, rate = await anyio.to_thread.run_sync(self.tts.synthesize, sentence)
+        except Exception as exc:  # a broken voice is reported, and the words still went out as text
+            self._log.warning("voice.tts_failed", error=repr(exc))
+            await self.transport.send_event(error_event(exc))
+            return
+        if not samples.size or turn.number <= self._cut:  # cut while it was being synthesized
+            return
+        await self.transport.send_audio(pcm16(samples), rate)
+        if math.isnan(turn.first_synthesis_at):
+            turn.first_synthesis_at = now = time.monotonic()
+            latency = TurnLatency(
+                voice_to_voice=now - turn.speech_end,
+                turn_end=turn.heard_at - turn.speech_end,
+                transcribe=turn.transcribed_at - turn.heard_at,
+                first_sentence=turn.first_sentence_at - turn.transcribed_at,
+                synthesize=now - turn.first_sentence_at,
+            )
+            self.latencies.append(latency)
+            self._log.info("voice.latency", voice_to_voice=latency.voice_to_voice)
+            await self.transport.send_event(latency.event())
 
     async def _stats_loop(self, scope: anyio.CancelScope) -> None:
         while True:
@@ -221,5 +385,8 @@ class VoiceAgent:
                 )
                 scope.cancel()
                 return
-            await self.transport.send_event(stats_event(self.session))
+            event = stats_event(self.session)
+            event["voice_to_voice"] = self.latencies[-1].voice_to_voice if self.latencies else None
+            event["interruptions"] = self.interruptions
+            await self.transport.send_event(event)
             await anyio.sleep(self.stats_interval)

@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["SpeechToText", "TextToSpeech"]
+__all__ = ["Playback", "SpeechToText", "TextToSpeech"]
 
 
 @runtime_checkable
@@ -26,3 +26,17 @@ class TextToSpeech(Protocol):
     """Turns text into speech: mono int16 PCM and its sample rate."""
 
     def synthesize(self, text: str) -> tuple[npt.NDArray[np.int16], int]: ...
+
+
+@runtime_checkable
+class Playback(Protocol):
+    """A transport that plays speech in real time (``WebRTCPeer``): how much is still to play, and a cut.
+
+    A ``VoiceAgent`` uses it, where the transport has it, to cut the reply when the caller
+    speaks over it (barge-in), and to let the last answer play out before it hangs up.
+    """
+
+    @property
+    def queued_audio_seconds(self) -> float: ...
+
+    def clear_audio(self) -> None: ...

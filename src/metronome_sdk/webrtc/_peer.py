@@ -12,6 +12,7 @@ import av
 import numpy as np
 import numpy.typing as npt
 from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessionDescription
+from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 
 from .._exceptions import SessionBroken
@@ -26,6 +27,21 @@ __all__ = ["WebRTCPeer"]
 _PENDING_EVENTS = 256  # events kept while the data channel is not open yet
 _CONNECT_GRACE = 5.0  # seconds a closing peer waits for its data channel, to deliver early events
 _INBOX = 64  # microphone frames buffered for a slow pipeline; the oldest go first
+
+
+def _hear_without_playout_delay(receiver: Any) -> None:
+    """Hand each microphone frame on as soon as it is whole, not four frames (80 ms) later.
+
+    aiortc's audio receiver holds four frames back before the first one, a playout buffer
+    against network jitter. Nothing here plays the microphone: it is heard by a turn
+    detector and a recognizer, so those 80 ms are pure delay, added to every turn's end and
+    every barge-in. A frame late or out of order is dropped instead (a 20 ms gap in speech
+    that only a recognizer hears). The buffer is a private attribute: where it is missing (another
+    aiortc), the receiver keeps its own.
+    """
+    name = "_RTCRtpReceiver__jitter_buffer"
+    if isinstance(getattr(receiver, name, None), JitterBuffer):
+        setattr(receiver, name, JitterBuffer(capacity=16, prefetch=1))
 
 
 class WebRTCPeer:
@@ -94,6 +110,9 @@ class WebRTCPeer:
         an audio track to listen to); the caller closes the peer.
         """
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=sdp, type=kind))
+        for transceiver in self.pc.getTransceivers():
+            if transceiver.kind == "audio":
+                _hear_without_playout_delay(transceiver.receiver)
         if self._microphone is None:
             raise ValueError("the offer carries no audio track to listen to; offer a microphone (sendrecv audio)")
         self.pc.addTrack(self.reply)
@@ -208,6 +227,20 @@ class WebRTCPeer:
     async def send_audio(self, samples: npt.NDArray[np.int16], sample_rate: int) -> None:
         if not self.closed:
             self.reply.enqueue(samples, sample_rate)
+
+    @property
+    def queued_audio_seconds(self) -> float:
+        """Seconds of speech queued on the reply track, not yet played."""
+        return self.reply.queued_seconds
+
+    def clear_audio(self) -> None:
+        """Cut the speech not yet played (barge-in): the peer hears it stop within a frame (20 ms)."""
+        self.reply.clear()
+
+    @property
+    def gone(self) -> bool:
+        """The peer left (or was shed): nothing sent now reaches it. Not when only its track ended."""
+        return self.ended_by is not None and self.ended_by != "track_ended"
 
     async def send_event(self, event: Event) -> None:
         if self.closed or self.ended_by == "slow_consumer":

@@ -30,12 +30,19 @@ from .._log import get_logger
 from .._session import Session
 from ..transports._base import Transport
 from ..voice._agent import VoiceAgent, error_event
+from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
+from ..voice._vad import VoiceActivityDetector, default_turn_detector
+from ..voice._whisper import WhisperSTT
 from ._peer import WebRTCPeer
 
 __all__ = ["PeerHandler", "ServerConfig", "WebRTCServer"]
 
 PeerHandler = Callable[[Session, Transport], Awaitable[None]]
+
+# the default agent hears the microphone in 20 ms frames: a barge-in is heard a frame after it is spoken
+_AGENT_FRAME_SECONDS = 0.02
+
 
 DEFAULT_PROMPT = "You are a friendly voice assistant. Answer in one or two short sentences."
 
@@ -56,6 +63,10 @@ class ServerConfig:
     token cannot be guessed quickly); more get 429 with ``Retry-After``.
     ``allow_origins``: the web origins (``"https://app.example"``) whose pages may call
     the server cross-origin; none by default, so browsers refuse cross-origin calls.
+    ``max_reply_tokens`` bounds each answer of the default voice agent; ``decode_tokens`` is
+    how many tokens each of its sessions' output frames may carry (``Session.decode_tokens``):
+    4 by default, so a first sentence of 12 tokens can be whole in three ticks, not twelve,
+    where the tick's token budget has room (the engine decides, and AIMD sees the cost).
     """
 
     host: str = "127.0.0.1"
@@ -71,6 +82,7 @@ class ServerConfig:
     allow_origins: tuple[str, ...] = ()
     system_prompt: str | None = DEFAULT_PROMPT
     max_reply_tokens: int = 48
+    decode_tokens: int = 4
     demo_page: bool = True
 
     def __post_init__(self) -> None:
@@ -82,6 +94,8 @@ class ServerConfig:
             raise ValueError(f"max_peers must be an int >= 1, got {self.max_peers!r}; try 8")
         if isinstance(self.max_body, bool) or not isinstance(self.max_body, int) or self.max_body < 1024:
             raise ValueError(f"max_body must be an int >= 1024 bytes, got {self.max_body!r}; try 65536")
+        if isinstance(self.decode_tokens, bool) or not isinstance(self.decode_tokens, int) or self.decode_tokens < 1:
+            raise ValueError(f"decode_tokens must be an int >= 1, got {self.decode_tokens!r}; try 4")
         for name in ("max_buffered", "offers_per_client"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -136,7 +150,9 @@ class WebRTCServer:
     """Serves one ``Session`` per WebRTC peer from ``engine``.
 
     Each peer's session is handed with its ``WebRTCPeer`` to ``handler``; the default
-    handler is a ``VoiceAgent`` with ``stt`` and ``tts``. When the handler returns or
+    handler is a ``VoiceAgent`` with ``stt`` and ``tts`` (by default Whisper tiny.en and Piper's
+    joe voice, from the ``[voice]`` extra) and a turn detector from ``vad`` (a factory called
+    once per peer; by default ``default_turn_detector``). When the handler returns or
     fails, or the peer hangs up or vanishes, the peer connection and the session are
     closed and the session's blocks go back to the pool. ``async with`` starts and stops
     it; stopping closes every peer connection. ``app`` is the aiohttp application, for
@@ -151,6 +167,7 @@ class WebRTCServer:
         stt: SpeechToText | None = None,
         tts: TextToSpeech | None = None,
         handler: PeerHandler | None = None,
+        vad: Callable[[], VoiceActivityDetector] | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise ValueError(f"engine must be a metronome Engine, got {type(engine).__name__}")
@@ -161,6 +178,8 @@ class WebRTCServer:
         self._stt = stt
         self._tts = tts
         self._handler = handler
+        self._vad = vad or default_turn_detector
+        self._own_voice: list[PiperTTS] = []  # the voices this server started, and stops
         self._log = get_logger()
         self._peers: dict[WebRTCPeer, asyncio.Task[None]] = {}
         self._opening = 0
@@ -202,14 +221,15 @@ class WebRTCServer:
         self._log.info("webrtc.listening", url=self.url, token=self.config.token is not None)
 
     def _load_voice(self) -> None:
-        from ..voice import EspeakTTS, PocketSphinxSTT
-
         if self._stt is None:
-            stt = PocketSphinxSTT()
+            stt = WhisperSTT()
             stt.load()
             self._stt = stt
         if self._tts is None:
-            self._tts = EspeakTTS()
+            tts = PiperTTS()
+            self._own_voice.append(tts)
+            tts.load()
+            self._tts = tts
 
     @property
     def url(self) -> str:
@@ -226,6 +246,8 @@ class WebRTCServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        while self._own_voice:
+            await asyncio.to_thread(self._own_voice.pop().close)
 
     async def _on_shutdown(self, app: web.Application) -> None:
         self._closing = True
@@ -340,7 +362,10 @@ class WebRTCServer:
         except SessionClosed as exc:
             return _refuse(503, "engine_closed", str(exc), _retry_after(self.config.busy_retry_after))
         peer = WebRTCPeer(
-            media_timeout=self.config.media_timeout, max_buffered=self.config.max_buffered, session_id=session.id
+            media_timeout=self.config.media_timeout,
+            max_buffered=self.config.max_buffered,
+            session_id=session.id,
+            frame_seconds=0.08 if self._handler is not None else _AGENT_FRAME_SECONDS,
         )
         try:
             answer = await peer.accept(offer)
@@ -368,7 +393,13 @@ class WebRTCServer:
             else:
                 assert self._stt is not None and self._tts is not None
                 agent = VoiceAgent(
-                    session, peer, stt=self._stt, tts=self._tts, max_reply_tokens=self.config.max_reply_tokens
+                    session,
+                    peer,
+                    stt=self._stt,
+                    tts=self._tts,
+                    vad=self._vad(),
+                    max_reply_tokens=self.config.max_reply_tokens,
+                    decode_tokens=self.config.decode_tokens,
                 )
                 await agent.run()
         except MetronomeError as exc:

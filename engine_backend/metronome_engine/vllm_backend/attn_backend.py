@@ -1,0 +1,317 @@
+"""The sinks + window attention as vLLM attention backends, run inside vLLM's attention op.
+
+The layers call vLLM's ``unified_attention_with_output`` custom op like any attention layer,
+so vLLM's compilation and CUDA graphs treat them as it treats its own; the op calls the
+``forward`` of the backend's implementation below. Two backends, one scheme (``attention.py``):
+
+- ``SinkWindowTorchBackend`` (any device; the CPU's): the window part as batched torch ops
+  over tiles of queries, built once per step by its metadata builder.
+- ``SinkWindowFlashBackend`` (CUDA): the window part is FlashAttention's paged varlen kernel
+  with ``window_size=(W-1, 0)`` and ``return_softmax_lse=True``; FlashAttention's own metadata
+  builder (and its CUDA-graph support) is reused unchanged. Written against vLLM 0.32's API;
+  not yet run on a GPU (``scripts/gpu_check.sh`` runs it).
+
+Both run the sink part (``attention.sink_pass``) and merge with vLLM's ``merge_attn_states``.
+
+The query comes packed: ``[T, 2 * H, d]`` holds the query rotated at its stream index (heads
+``:H``) and at its in-cache position (heads ``H:``), so the op's signature stays vLLM's.
+Without sinks it is the plain ``[T, H, d]`` query.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor
+from vllm.v1.attention.backend import (
+    AttentionBackend,
+    AttentionCGSupport,
+    AttentionImpl,
+    AttentionMetadataBuilder,
+    AttentionType,
+    CommonAttentionMetadata,
+)
+from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
+
+from .attention import WindowTiles, sink_pass, token_requests, window_pass, write_kv
+
+__all__ = ["SinkWindowFlashBackend", "SinkWindowTorchBackend", "select_backend"]
+
+TORCH_BACKEND_NAME = "METRONOME_SINK_WINDOW_TORCH"
+FLASH_BACKEND_NAME = "METRONOME_SINK_WINDOW_FLASH"
+
+
+def _split_query(query: Tensor, num_tokens: int, num_heads: int, sinks: int) -> tuple[Tensor, Tensor | None]:
+    if not sinks:
+        return query[:num_tokens], None
+    # the layer views the packed [T, 2 * H * d] query as [2T, H, d]: token t's rows are 2t and 2t + 1
+    packed = query.view(-1, 2 * num_heads, query.shape[-1])
+    return packed[:num_tokens, :num_heads], packed[:num_tokens, num_heads:]
+
+
+def _merge_sinks(
+    output: Tensor, out_w: Tensor, lse_w: Tensor, q_sink: Tensor | None, kv_cache: Tensor, md: Any, impl: Any
+) -> None:
+    """Add the sink part to the window part (both already computed) by log-sum-exp; write ``output``."""
+    n = out_w.shape[0]
+    if q_sink is None:
+        output[:n].copy_(out_w)
+        return
+    token_req, token_pos = token_requests(md.query_start_loc, md.seq_lens, n)
+    out_s, lse_s = sink_pass(
+        q_sink,
+        kv_cache,
+        md.block_table,
+        token_req,
+        token_pos,
+        window=impl.window,
+        sinks=impl.sink_tokens,
+        scale=impl.scale,
+    )
+    merge_attn_states(output[:n], out_w, lse_w, out_s.to(out_w.dtype), lse_s)  # lse: float32 [H, T] both
+
+
+# the torch backend (CPU, or any device) ---------------------------------------------------------
+
+
+@dataclass
+class SinkWindowTorchMetadata:
+    num_actual_tokens: int
+    query_start_loc: Tensor
+    seq_lens: Tensor
+    block_table: Tensor
+    slot_mapping: Tensor
+    tiles: WindowTiles
+
+
+class SinkWindowTorchBuilder(AttentionMetadataBuilder[SinkWindowTorchMetadata]):  # type: ignore[misc]
+    _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+
+    def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
+        super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+        self.window = int(kv_cache_spec.window)
+        self.dtype = vllm_config.model_config.dtype
+
+    def build(
+        self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
+    ) -> SinkWindowTorchMetadata:
+        del common_prefix_len, fast_build
+        cm = common_attn_metadata
+        n = cm.num_actual_tokens
+        tiles = WindowTiles.build(
+            cm.query_start_loc,
+            cm.seq_lens,
+            cm.block_table_tensor,
+            num_tokens=n,
+            max_query_len=cm.max_query_len,
+            max_seq_len=cm.max_seq_len,
+            block_size=self.kv_cache_spec.block_size,
+            window=self.window,
+            dtype=torch.float32 if self.dtype == torch.float32 else self.dtype,
+        )
+        return SinkWindowTorchMetadata(
+            num_actual_tokens=n,
+            query_start_loc=cm.query_start_loc,
+            seq_lens=cm.seq_lens,
+            block_table=cm.block_table_tensor,
+            slot_mapping=cm.slot_mapping,
+            tiles=tiles,
+        )
+
+
+class SinkWindowTorchImpl(AttentionImpl[SinkWindowTorchMetadata]):  # type: ignore[misc]
+    def __init__(
+        self,
+        num_heads: int,
+        head_size: int,
+        scale: float,
+        num_kv_heads: int | None = None,
+        alibi_slopes: list[float] | None = None,
+        sliding_window: int | None = None,
+        kv_cache_dtype: str = "auto",
+        logits_soft_cap: float | None = None,
+        attn_type: str = AttentionType.DECODER,
+        kv_sharing_target_layer_name: str | None = None,
+        *,
+        sink_tokens: int = 0,
+    ) -> None:
+        if sliding_window is None:
+            raise ValueError("the sinks + window attention needs a window")
+        if alibi_slopes is not None or logits_soft_cap or kv_sharing_target_layer_name is not None:
+            raise ValueError("the sinks + window attention supports no alibi, soft cap or KV sharing")
+        self.num_heads = num_heads
+        self.head_size = head_size
+        self.scale = float(scale)
+        self.num_kv_heads = num_kv_heads or num_heads
+        self.window = int(sliding_window)
+        self.sink_tokens = int(sink_tokens)
+        self.kv_cache_dtype = kv_cache_dtype
+        self.attn_type = attn_type
+
+    def forward(
+        self,
+        layer: Any,
+        query: Tensor,
+        key: Tensor,
+        value: Tensor,
+        kv_cache: Tensor,
+        attn_metadata: SinkWindowTorchMetadata,
+        output: Tensor,
+        output_scale: Tensor | None = None,
+        output_block_scale: Tensor | None = None,
+    ) -> Tensor:
+        if output_scale is not None or output_block_scale is not None:
+            raise NotImplementedError("fused output quantization is not supported by the sinks + window attention")
+        if attn_metadata is None:  # the profiling run
+            return output.zero_()
+        md = attn_metadata
+        q, q_sink = _split_query(query, md.num_actual_tokens, self.num_heads, self.sink_tokens)
+        out_w, lse_w = window_pass(q, kv_cache, md.tiles, scale=self.scale)
+        _merge_sinks(output, out_w.to(output.dtype), lse_w, q_sink, kv_cache, md, self)
+        return output
+
+    def do_kv_cache_update(
+        self, layer: Any, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
+        write_kv(kv_cache, key, value, slot_mapping)
+
+
+class SinkWindowTorchBackend(AttentionBackend):  # type: ignore[misc]
+    """Sinks + window attention in batched torch ops over any KV cache layout."""
+
+    forward_includes_kv_cache_update = False
+    supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
+    supported_kv_cache_dtypes: ClassVar[list[Any]] = ["auto", "float16", "bfloat16", "float32"]
+
+    @staticmethod
+    def get_name() -> str:
+        return TORCH_BACKEND_NAME
+
+    @staticmethod
+    def get_impl_cls() -> type[SinkWindowTorchImpl]:
+        return SinkWindowTorchImpl
+
+    @staticmethod
+    def get_builder_cls() -> type[SinkWindowTorchBuilder]:
+        return SinkWindowTorchBuilder
+
+    @classmethod
+    def supports_sliding_window(cls) -> bool:
+        return True
+
+
+# the CUDA backend: FlashAttention for the window part ------------------------------------------
+
+
+def _flash_backend() -> type[AttentionBackend]:
+    """Built on first use: vLLM's FlashAttention module imports CUDA-only kernels."""
+    from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
+
+    class SinkWindowFlashImpl(FlashAttentionImpl):  # type: ignore[misc]
+        def __init__(self, *args: Any, sink_tokens: int = 0, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            if self.sliding_window[0] < 0:
+                raise ValueError("the sinks + window attention needs a window")
+            self.window = self.sliding_window[0] + 1
+            self.sink_tokens = int(sink_tokens)
+
+        def forward(
+            self,
+            layer: Any,
+            query: Tensor,
+            key: Tensor,
+            value: Tensor,
+            kv_cache: Tensor,
+            attn_metadata: Any,
+            output: Tensor,
+            output_scale: Tensor | None = None,
+            output_block_scale: Tensor | None = None,
+        ) -> Tensor:
+            if output_scale is not None or output_block_scale is not None:
+                raise NotImplementedError("fused output quantization is not supported by the sinks + window attention")
+            if attn_metadata is None:
+                return output.fill_(0)
+            md = attn_metadata
+            n = md.num_actual_tokens
+            q, q_sink = _split_query(query, n, self.num_heads, self.sink_tokens)
+            # (B, H, N, 2*D) -> ((B, N, H, D), (B, N, H, D)): the view's strides carry the layout
+            key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)  # type: ignore[no-untyped-call]
+            out_w = torch.empty_like(output[:n])
+            descale = (md.query_start_loc.shape[0] - 1, self.num_kv_heads)
+            _, lse_w = flash_attn_varlen_func(
+                q=q,
+                k=key_cache,
+                v=value_cache,
+                out=out_w,
+                cu_seqlens_q=md.query_start_loc,
+                max_seqlen_q=md.max_query_len,
+                seqused_k=md.seq_lens,
+                max_seqlen_k=md.max_seq_len,
+                softmax_scale=self.scale,
+                causal=True,
+                window_size=list(self.sliding_window),
+                block_table=md.block_table,
+                softcap=self.logits_soft_cap,
+                return_softmax_lse=True,
+                scheduler_metadata=md.scheduler_metadata,
+                fa_version=self.vllm_flash_attn_version,
+                k_descale=layer._k_scale.expand(descale),
+                v_descale=layer._v_scale.expand(descale),
+                num_splits=md.max_num_splits,
+            )
+            _merge_sinks(output, out_w, lse_w, q_sink, kv_cache, md, self)
+            return output
+
+    class SinkWindowFlashBackend(FlashAttentionBackend):  # type: ignore[misc]
+        # the sink pass reads the cache as values: no fp8 scales applied there
+        supported_kv_cache_dtypes: ClassVar[list[Any]] = ["auto", "float16", "bfloat16"]
+
+        @staticmethod
+        def get_name() -> str:
+            return FLASH_BACKEND_NAME
+
+        @staticmethod
+        def get_impl_cls() -> type[SinkWindowFlashImpl]:
+            return SinkWindowFlashImpl
+
+    return SinkWindowFlashBackend
+
+
+_flash: type[AttentionBackend] | None = None
+
+
+def SinkWindowFlashBackend() -> type[AttentionBackend]:
+    global _flash
+    if _flash is None:
+        _flash = _flash_backend()
+    return _flash
+
+
+def select_backend() -> type[AttentionBackend]:
+    """FlashAttention's kernel for the window on CUDA, the torch window pass elsewhere."""
+    from vllm.platforms import current_platform
+
+    if current_platform.is_cuda():
+        return SinkWindowFlashBackend()
+    return SinkWindowTorchBackend
+
+
+def register_backends() -> None:
+    """Name both backends in vLLM's registry (its layers look their backend up by name)."""
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
+
+    for name, path in (
+        (TORCH_BACKEND_NAME, f"{__name__}.SinkWindowTorchBackend"),
+        (FLASH_BACKEND_NAME, f"{__name__}._flash_backend_class"),
+    ):
+        if name not in AttentionBackendEnum.__members__:
+            register_backend(name, path)
+
+
+def __getattr__(name: str) -> Any:
+    if name == "_flash_backend_class":  # the registry imports a class path: resolve the CUDA one lazily
+        return SinkWindowFlashBackend()
+    raise AttributeError(name)

@@ -1,0 +1,73 @@
+"""``metronome serve``: OpenAI-compatible chat completions on the embedded engine (127.0.0.1:8000)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+
+from ._base import Command
+from .demo import TOKEN_ENV, _loopback
+
+
+def _add(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1: this machine only)")
+    p.add_argument("--port", type=int, default=8000, help="port to listen on (default 8000; 0 picks a free one)")
+    p.add_argument("--window", type=int, default=256, help="tokens each session keeps (default 256)")
+    p.add_argument("--sinks", type=int, default=4, help="first tokens each session pins (default 4)")
+    p.add_argument("--max-tokens", type=int, default=128, help="reply length when a request names none (default 128)")
+    p.add_argument(
+        "--idle-timeout", type=float, default=120.0, help="seconds before an idle named session closes (default 120)"
+    )
+    p.add_argument("--memory-mib", type=int, default=256, help="the KV block pool in MiB (default 256)")
+    p.epilog = f"Set ${TOKEN_ENV} to require 'Authorization: Bearer <token>' (the OpenAI client's api_key)."
+
+
+def _run(args: argparse.Namespace) -> int:
+    return asyncio.run(_serve(args))
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    import os
+
+    from .. import Engine, EngineConfig, TimingConfig
+    from ..serve import ChatServer, ServeConfig
+
+    token = os.environ.get(TOKEN_ENV) or None
+    config = ServeConfig(
+        host=args.host, port=args.port, token=token, max_tokens=args.max_tokens, idle_timeout=args.idle_timeout
+    )
+    if args.memory_mib < 1:
+        raise ValueError(f"--memory-mib must be >= 1, got {args.memory_mib}")
+    engine_config = EngineConfig(kv="window", window=args.window, sinks=args.sinks, memory_bytes=args.memory_mib << 20)
+    if not _loopback(args.host) and token is None:
+        print(f"warning: serving on {args.host} with no token; anyone who reaches it may use it", file=sys.stderr)
+    print("loading the model ...", file=sys.stderr, flush=True)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    try:
+        # short prefill chunks, so that a long prompt never holds the metronome for long on a CPU
+        async with Engine(engine_config, timing=TimingConfig(period=0.08, max_chunk_tokens=16)) as engine:
+            server = ChatServer(engine, config)
+            try:
+                await server.start()
+            except OSError as exc:
+                raise ValueError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
+            try:
+                print(f"serving {server.url}  (OpenAI base_url; Ctrl-C stops)", flush=True)
+                await stop.wait()
+            finally:
+                await server.aclose()
+    finally:
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.remove_signal_handler(sig)
+    print("stopped: every reply interrupted and every session closed", file=sys.stderr)
+    return 0
+
+
+SERVE = Command(
+    None, "serve", "serve OpenAI-compatible /v1/chat/completions on the embedded engine (127.0.0.1:8000)", _add, _run
+)

@@ -1,0 +1,9 @@
+"""``metronome serve``: an OpenAI-compatible chat-completions server on the embedded engine.
+
+``ChatServer(engine, ServeConfig(...))``; ``async with`` starts and stops it. See docs/serve.md.
+"""
+
+from ._config import ServeConfig
+from ._server import ChatServer
+
+__all__ = ["ChatServer", "ServeConfig"]

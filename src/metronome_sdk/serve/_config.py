@@ -1,0 +1,75 @@
+"""What ``metronome serve`` listens on and accepts: frozen, keyword-only, checked when made."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+__all__ = ["ServeConfig"]
+
+
+def _number(name: str, value: object, *, low: float, hint: str, open_low: bool = True) -> None:
+    ok = isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if not ok or (value <= low if open_low else value < low):  # type: ignore[operator]
+        bound = f"> {low:g}" if open_low else f">= {low:g}"
+        raise ValueError(f"{name} must be a finite number {bound}, got {value!r}; {hint}")
+
+
+def _count(name: str, value: object, low: int, hint: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < low:
+        raise ValueError(f"{name} must be an int >= {low}, got {value!r}; {hint}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServeConfig:
+    """The OpenAI-compatible server's address, limits and session policy.
+
+    Security defaults are the signaling server's: it binds ``127.0.0.1``; with ``token``
+    set every request needs ``Authorization: Bearer <token>`` (what the OpenAI client
+    sends as its ``api_key``), compared in constant time; ``max_body`` caps a request
+    body (a long chat history is tens of KiB, so 1 MiB by default).
+
+    ``max_tokens`` is a reply's length when a request names none, ``max_tokens_limit``
+    the most one may ask for. ``admission_wait``: how long a request waits for a free
+    place under the admission cap before it is refused with 429 (0: refuse at once, and
+    let the client wait the ``retry-after-ms`` it is told). ``idle_timeout``: a named
+    session (``X-Metronome-Session``) with no request for that long is closed and its
+    blocks go back to the pool. ``stall_retry_after``: the wait advised with a 503 when
+    the engine stalled before the first token. ``model`` is the name responses carry.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    token: str | None = field(default=None, repr=False)
+    max_body: int = 1 << 20
+    max_tokens: int = 128
+    max_tokens_limit: int = 1024
+    admission_wait: float = 0.0
+    idle_timeout: float = 120.0
+    stall_retry_after: float = 1.0
+    model: str = "metronome"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise ValueError(f"host must be an address to bind, got {self.host!r}; try '127.0.0.1'")
+        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be an int in [0, 65535], got {self.port!r}; 0 picks a free port")
+        if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 8):
+            raise ValueError("token must be a str of at least 8 characters (or None for no token)")
+        _count("max_body", self.max_body, 1024, "try 1048576 (1 MiB)")
+        _count("max_tokens", self.max_tokens, 1, "try 128")
+        _count("max_tokens_limit", self.max_tokens_limit, 1, "try 1024")
+        if self.max_tokens > self.max_tokens_limit:
+            raise ValueError(f"max_tokens={self.max_tokens} exceeds max_tokens_limit={self.max_tokens_limit}")
+        _number("admission_wait", self.admission_wait, low=0, open_low=False, hint="0 refuses at once with 429")
+        _number("idle_timeout", self.idle_timeout, low=0, hint="try 120 (seconds)")
+        _number("stall_retry_after", self.stall_retry_after, low=0, hint="try 1.0 (seconds)")
+        if not isinstance(self.model, str) or not self.model:
+            raise ValueError(f"model must be a non-empty str, got {self.model!r}")
+
+    def __repr__(self) -> str:
+        token = "set" if self.token else "none"
+        return (
+            f"ServeConfig(host={self.host!r}, port={self.port}, token={token}, max_body={self.max_body}, "
+            f"max_tokens={self.max_tokens}/{self.max_tokens_limit}, idle_timeout={self.idle_timeout:g}s)"
+        )

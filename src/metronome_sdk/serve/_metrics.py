@@ -1,0 +1,37 @@
+"""The server's own Prometheus metrics, beside the engine's on ``/metrics``."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+
+__all__ = ["ServeMetrics"]
+
+
+class ServeMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "metronome_serve_requests_total",
+            "Chat completion requests by the HTTP status answered",
+            ["status"],
+            registry=r,
+        )
+        self.stream_errors = Counter(
+            "metronome_serve_stream_errors_total",
+            "Streams ended by an error event after their first token, by the SDK exception",
+            ["code"],
+            registry=r,
+        )
+        self.interrupted = Counter(
+            "metronome_serve_replies_interrupted_total",
+            "Replies cut by a newer request on the same named session, or by shutdown",
+            registry=r,
+        )
+        self.named_sessions = Gauge("metronome_serve_named_sessions", "Named sessions open", registry=r)
+        self.idle_closed = Counter(
+            "metronome_serve_sessions_idle_closed_total", "Named sessions closed for being idle", registry=r
+        )
+
+    def text(self) -> bytes:
+        return generate_latest(self.registry)

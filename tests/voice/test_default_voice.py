@@ -1,0 +1,65 @@
+"""The default voice, for real: Piper's joe voice speaks (out of process), Whisper tiny.en hears, offline."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from metronome_sdk.voice import PiperTTS, WhisperSTT
+
+pytestmark = pytest.mark.timeout(120)
+
+
+def words(text: str) -> str:
+    return " ".join(re.sub(r"[^a-z0-9' ]", " ", text.lower()).split())
+
+
+def test_whisper_hears_what_piper_says() -> None:
+    with PiperTTS() as tts:
+        pcm, rate = tts.synthesize("What is the capital of France?")
+    assert rate == 22050 and pcm.dtype == np.int16
+    assert 1.0 < pcm.size / rate < 4.0 and np.abs(pcm).max() > 3000  # speech, not silence
+    assert words(WhisperSTT().transcribe(pcm, rate)) == "what is the capital of france"
+
+
+def test_whisper_hears_nothing_in_silence() -> None:
+    stt = WhisperSTT()
+    assert stt.transcribe(np.zeros(0, dtype=np.int16), 16000) == ""
+    text = stt.transcribe(np.zeros(16000, dtype=np.int16), 16000)
+    assert len(text.split()) <= 2  # Whisper may say "you" to silence; never a sentence
+
+
+def test_piper_runs_as_its_own_process_and_close_ends_it() -> None:
+    # GPL-3.0 piper stays behind a process boundary: the SDK never imports it
+    code = (
+        "import sys; from metronome_sdk.voice import PiperTTS\n"
+        "with PiperTTS() as tts: pcm, rate = tts.synthesize('One. Two.\\nThree.')\n"
+        "print(pcm.size > rate, 'piper' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=90, check=True)
+    assert out.stdout.split() == ["True", "False"], out.stderr
+    tts = PiperTTS()
+    tts.load()
+    assert "running" in repr(tts)
+    tts.close()
+    tts.close()  # idempotent
+    assert "stopped" in repr(tts)
+    pcm, _ = tts.synthesize("again")  # a later call starts it again
+    tts.close()
+    assert pcm.size > 0
+    assert tts.synthesize("  \n ")[0].size == 0  # nothing to say, no process needed
+
+
+def test_the_voices_name_the_fix_when_a_piece_is_missing(tmp_path: object) -> None:
+    with pytest.raises(FileNotFoundError, match=r"metronome-sdk\[voice\]"):
+        PiperTTS(executable="no-such-piper")
+    with pytest.raises(FileNotFoundError, match="no Piper voice"):
+        PiperTTS(voice="/no/such/voice.onnx")
+    with pytest.raises(FileNotFoundError, match="no Whisper model"):
+        WhisperSTT(model="/no/such/folder")
+    with pytest.raises(ValueError, match="threads"):
+        WhisperSTT(threads=0)

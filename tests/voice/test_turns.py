@@ -1,0 +1,230 @@
+"""Turn-taking: Silero VAD against loudness, a turn ended by the caller's audio stopping, barge-in, latency."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from metronome_sdk.transports import MemoryTransport
+from metronome_sdk.voice import (
+    Playback,
+    SileroClassifier,
+    VoiceActivityDetector,
+    VoiceAgent,
+    default_turn_detector,
+)
+from metronome_sdk.voice._audio import resample
+from tests.sdk.conftest import make_engine
+from tests.webrtc.conftest import FixedSTT, ToneTTS, speak
+
+pytestmark = pytest.mark.timeout(180)
+RATE = 16000
+PROMPTS = ("What is the capital of France?", "Tell me a short story about a dog.", "How far away is the moon?")
+
+
+def _turn_end(vad: VoiceActivityDetector, speech: npt.NDArray[np.int16], noise_dbfs: float | None) -> float | None:
+    """Seconds from the end of the recording's speech to the turn's end (None: the turn never ended)."""
+    lead, tail = np.zeros(RATE // 2), np.zeros(3 * RATE)
+    signal = np.concatenate([lead, speech, tail])
+    if noise_dbfs is not None:
+        signal += np.random.default_rng(0).standard_normal(signal.size) * 32768 * 10 ** (noise_dbfs / 20)
+    pcm = np.clip(signal, -32768, 32767).astype(np.int16)
+    spoken_until = (lead.size + speech.size) / RATE
+    for i in range(0, pcm.size, 320):  # 20 ms frames, as a microphone sends them
+        if vad.push(pcm[i : i + 320]):
+            return (i + 320) / RATE - spoken_until
+    return None
+
+
+@pytest.mark.parametrize("voice", ["piper", "espeak"])
+def test_silero_ends_turns_no_later_than_loudness_and_also_in_noise(voice: str) -> None:
+    recordings = [resample(*speak(text, voice=voice), RATE) for text in PROMPTS]
+    for noise in (None, -50.0):
+        loud = [_turn_end(VoiceActivityDetector(), r, noise) for r in recordings]
+        silero = [_turn_end(default_turn_detector(), r, noise) for r in recordings]
+        print(f"{voice}, noise {noise} dBFS: loudness {loud}, silero {silero}")
+        assert None not in loud and None not in silero
+        # one Silero window (32 ms) of granularity per turn; on average no later
+        assert all(s <= lo + 0.032 for s, lo in zip(silero, loud, strict=True))  # type: ignore[operator]
+        assert sum(silero) <= sum(loud)  # type: ignore[arg-type]
+    # steady noise at -40 dBFS is "speech" to loudness, whose turns never end; not to Silero
+    assert [_turn_end(VoiceActivityDetector(), r, -40.0) for r in recordings] == [None] * len(recordings)
+    ends = [_turn_end(default_turn_detector(), r, -40.0) for r in recordings]
+    assert all(e is not None and e < 1.0 for e in ends), ends
+
+
+def test_silero_classifier_checks_its_settings() -> None:
+    with pytest.raises(ValueError, match="threshold"):
+        SileroClassifier(threshold=1.5)
+    with pytest.raises(ValueError, match="sample_rate=16000"):
+        VoiceActivityDetector(sample_rate=8000, classifier=SileroClassifier())
+    vad = VoiceActivityDetector(classifier=SileroClassifier())
+    assert vad.push(np.zeros(RATE, dtype=np.int16)) == [] and not vad.speaking
+    assert vad.flush() is None  # nothing under way
+
+
+def _tone(seconds: float) -> npt.NDArray[np.int16]:
+    t = np.arange(round(seconds * RATE)) / RATE
+    return (8000 * np.sin(2 * np.pi * 300 * t)).astype(np.int16)
+
+
+class PlayingTransport(MemoryTransport):
+    """A memory transport that plays its speech in real time, as WebRTC does: it can be cut (``Playback``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.playing_until = 0.0
+        self.cuts: list[float] = []
+
+    async def send_audio(self, samples: npt.NDArray[np.int16], sample_rate: int) -> None:
+        self.playing_until = max(self.playing_until, time.monotonic()) + samples.size / sample_rate
+        await super().send_audio(samples, sample_rate)
+
+    @property
+    def queued_audio_seconds(self) -> float:
+        return max(0.0, self.playing_until - time.monotonic())
+
+    def clear_audio(self) -> None:
+        self.cuts.append(self.queued_audio_seconds)
+        self.playing_until = 0.0
+
+
+class TurnsSTT:
+    """Hears one given text per utterance, in order."""
+
+    def __init__(self, *texts: str) -> None:
+        self.texts = list(texts)
+
+    def transcribe(self, samples: npt.NDArray[np.int16], sample_rate: int) -> str:
+        return self.texts.pop(0) if self.texts else "again"
+
+
+async def _talk(agent: VoiceAgent, transport: MemoryTransport, script: object) -> list[dict[str, object]]:
+    events: list[dict[str, object]] = []
+
+    async def read() -> None:
+        async for event in transport.events():
+            events.append(event)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        tg.start_soon(script, events)  # type: ignore[arg-type]
+        with anyio.fail_after(60):
+            await agent.run()
+    return events
+
+
+def _final_answers(events: list[dict[str, object]]) -> list[dict[str, object]]:
+    return [e for e in events if e["type"] == "transcript" and e["role"] == "assistant" and e["final"]]
+
+
+async def test_a_turn_ends_when_the_callers_audio_ends_with_its_last_word() -> None:
+    engine = make_engine()
+    await engine.start()
+    try:
+        async with engine.session("be brief") as session, MemoryTransport() as transport:
+            agent = VoiceAgent(session, transport, stt=FixedSTT("hello"), tts=ToneTTS(), max_reply_tokens=6)
+
+            async def script(events: list[dict[str, object]]) -> None:
+                await transport.push_audio(np.concatenate([np.zeros(RATE // 4, dtype=np.int16), _tone(0.6)]), RATE)
+                transport.hang_up()  # the track ends with the last word: no trailing silence at all
+
+            events = await _talk(agent, transport, script)
+    finally:
+        await engine.aclose()
+    assert {"type": "transcript", "role": "user", "text": "hello", "final": True} in events
+    assert _final_answers(events) and _final_answers(events)[0]["text"]
+    assert transport.closed
+
+
+async def test_a_turn_ends_when_no_audio_comes_for_the_turn_gap() -> None:
+    engine = make_engine()
+    await engine.start()
+    try:
+        async with engine.session("be brief") as session, MemoryTransport() as transport:
+            agent = VoiceAgent(
+                session, transport, stt=FixedSTT("hello"), tts=ToneTTS(), max_reply_tokens=4, turn_gap=0.3
+            )
+
+            async def script(events: list[dict[str, object]]) -> None:
+                await transport.push_audio(_tone(0.6), RATE)  # then nothing: the caller's frames stop
+                with anyio.fail_after(30):
+                    while not _final_answers(events):
+                        await anyio.sleep(0.05)
+                transport.hang_up()
+
+            events = await _talk(agent, transport, script)
+    finally:
+        await engine.aclose()
+    assert len(_final_answers(events)) == 1
+
+
+async def test_barge_in_cuts_the_reply_and_the_next_answer_is_to_the_new_turn() -> None:
+    engine = make_engine()
+    await engine.start()
+    tts = ToneTTS(seconds=3.0)  # every sentence plays for 3 s: long enough to talk over
+    try:
+        async with engine.session("be brief") as session, PlayingTransport() as transport:
+            assert isinstance(transport, Playback)
+            agent = VoiceAgent(
+                session, transport, stt=TurnsSTT("first question", "second question"), tts=tts, max_reply_tokens=8
+            )
+
+            async def script(events: list[dict[str, object]]) -> None:
+                await transport.push_audio(np.concatenate([_tone(0.6), np.zeros(RATE, dtype=np.int16)]), RATE)
+                with anyio.fail_after(30):  # the reply is playing
+                    while transport.queued_audio_seconds < 1.0:
+                        await anyio.sleep(0.02)
+                await transport.push_audio(np.concatenate([_tone(0.6), np.zeros(RATE, dtype=np.int16)]), RATE)
+                with anyio.fail_after(30):
+                    while len(_final_answers(events)) < 2:
+                        await anyio.sleep(0.05)
+                transport.hang_up()
+
+            events = await _talk(agent, transport, script)
+    finally:
+        await engine.aclose()
+    assert len(transport.cuts) == 1 and transport.cuts[0] > 0.5  # reply audio was queued, and was cut
+    assert agent.interruptions == 1
+    interrupted = [e for e in events if e["type"] == "interrupted"]
+    assert len(interrupted) == 1 and interrupted[0]["playing"] is True
+    heard = [e["text"] for e in events if e["type"] == "transcript" and e["role"] == "user"]
+    assert heard == ["first question", "second question"]
+    # the second answer comes after the second question was heard
+    order = [(e["type"], e.get("role"), e.get("final")) for e in events]
+    second_question = events.index({"type": "transcript", "role": "user", "text": "second question", "final": True})
+    assert order[-1] != ("transcript", "user", True)
+    assert any(e["type"] == "transcript" and e["role"] == "assistant" and e["final"] for e in events[second_question:])
+
+
+async def test_each_answer_reports_its_voice_to_voice_latency() -> None:
+    engine = make_engine()
+    await engine.start()
+    try:
+        async with engine.session("be brief") as session, MemoryTransport() as transport:
+            agent = VoiceAgent(
+                session, transport, stt=FixedSTT("hello"), tts=ToneTTS(), max_reply_tokens=6, stats_interval=0.05
+            )
+
+            async def script(events: list[dict[str, object]]) -> None:
+                await transport.push_audio(np.concatenate([_tone(0.6), np.zeros(RATE, dtype=np.int16)]), RATE)
+                with anyio.fail_after(30):
+                    while not any(e["type"] == "stats" and e["voice_to_voice"] is not None for e in events):
+                        await anyio.sleep(0.05)
+                transport.hang_up()
+
+            events = await _talk(agent, transport, script)
+    finally:
+        await engine.aclose()
+    latency = [e for e in events if e["type"] == "latency"]
+    assert len(latency) == 1 and agent.latencies
+    parts = ("turn_end", "transcribe", "first_sentence", "synthesize")
+    total = latency[0]["voice_to_voice"]
+    assert isinstance(total, float) and total > 0
+    assert abs(sum(float(latency[0][p]) for p in parts) - total) < 1e-6  # type: ignore[arg-type]
+    # memory audio is not paced: the detector's 0.7 s pause is audio time, not wall-clock time
+    assert [e["voice_to_voice"] for e in events if e["type"] == "stats"][-1] == total
