@@ -209,13 +209,28 @@ class WebRTCServer:
 
     async def start(self) -> None:
         """Load the model (if the engine has not) and the voice, then listen."""
-        await self.engine.start()
-        if self._handler is None:
-            await asyncio.to_thread(self._load_voice)
+        # the voice loads (its own threads and the piper process) while the engine loads the model
+        voice = asyncio.ensure_future(asyncio.to_thread(self._load_voice)) if self._handler is None else None
+        try:
+            try:
+                await self.engine.start()
+            finally:
+                if voice is not None:
+                    await voice
+            await self._listen()
+        except BaseException:
+            await self._close_voice()  # no aclose() follows a failed start
+            raise
+
+    async def _listen(self) -> None:
         runner = web.AppRunner(self.app, access_log=None, handle_signals=False)
         await runner.setup()
         site = web.TCPSite(runner, self.config.host, self.config.port)
-        await site.start()
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()
+            raise
         self._runner = runner
         self.port = runner.addresses[0][1]
         self._log.info("webrtc.listening", url=self.url, token=self.config.token is not None)
@@ -246,6 +261,9 @@ class WebRTCServer:
         if self._runner is not None:
             runner, self._runner = self._runner, None
             await runner.cleanup()
+        await self._close_voice()
+
+    async def _close_voice(self) -> None:
         while self._own_voice:
             await asyncio.to_thread(self._own_voice.pop().close)
 
