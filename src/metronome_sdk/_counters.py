@@ -96,6 +96,10 @@ class Counters:
         self.stalls += 1
         self.metrics.stalls.inc()
 
+    def evicted(self, tokens: int) -> None:
+        """Conversation tokens the window dropped (the session's own count is its memory's)."""
+        self.metrics.evicted_tokens.inc(tokens)
+
     def output_dropped(self, session: SessionCounts) -> None:
         session.outputs_dropped += 1
         self.fault(Fault.OUTPUT_DROPPED)

@@ -104,6 +104,7 @@ class Delivery:
                 return self._stall(entry, outcome, tick, done, used_blocks, pool_blocks)
             case Kind.APPENDED | Kind.ANSWERED:
                 grown = outcome.num_blocks - slot.num_blocks
+                self._remember(entry, outcome.num_tokens)
                 slot.num_tokens, slot.num_blocks = outcome.num_tokens, outcome.num_blocks
                 slot.feedback = None
                 del pending.tokens[: entry.taken]
@@ -115,6 +116,27 @@ class Delivery:
                 if put is not Put.DISCARDED:  # a withdrawn reply is not fed back: the context keeps what was delivered
                     slot.feedback = (outcome.tokens[-1], pending.index)
                 return Applied(latency=latency, grown=grown)
+
+    def _remember(self, entry: Entry, num_tokens: int) -> None:
+        """Keep the account of what the session's model still sees (docs/sessions.md): say
+        when the window drops a whole turn or the system prompt, count every token it drops."""
+        slot, pending = entry.slot, entry.pending
+        memory = slot.memory
+        if memory is None:
+            return
+        if not pending.started and entry.taken:  # a frame with input begins its turn after the fed-back token
+            memory.turn_started(slot.num_tokens + len(entry.tokens) - entry.taken)
+        lost = memory.update(num_tokens)
+        if lost.tokens:
+            self.counters.evicted(lost.tokens)
+        if lost.turns or lost.prompt:
+            slot.log.info(
+                "session.evicted",
+                evicted_tokens=memory.evicted_tokens,
+                turns_lost=lost.turns,
+                oldest_resident_turn=memory.oldest_resident_turn,
+                system_prompt_resident=memory.prompt_resident,
+            )
 
     @staticmethod
     def _take(slot: Slot, pending: Pending) -> None:

@@ -28,6 +28,7 @@ class Work:
     tokens: list[int]
     sample: bool  # the frame's last token is in this chunk: sample its output
     decode: int  # tokens to decode for the frame this tick (the budget's grant)
+    pinned: int = 0  # a new sequence's pinned prefix (its system prompt), in tokens
 
 
 @dataclass(slots=True)
@@ -44,7 +45,12 @@ class WorkResult:
 
 
 def run_tick_step(core: EngineBackend, work: Sequence[Work], retries: int, stop_ids: frozenset[int]) -> WorkResult:
-    seq_ids = [w.seq_id if w.seq_id is not None else core.add_sequence(sampling=w.sampling) for w in work]
+    seq_ids = [
+        w.seq_id
+        if w.seq_id is not None
+        else core.add_sequence(sampling=w.sampling, **({"pinned": w.pinned} if w.pinned else {}))  # type: ignore[arg-type]
+        for w in work
+    ]
     requests = [StepRequest(sid, w.tokens, sample=w.sample) for sid, w in zip(seq_ids, work, strict=True)]
     t0 = time.perf_counter()
     outputs: list[StepOutput] = []

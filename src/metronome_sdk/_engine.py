@@ -220,7 +220,7 @@ class Engine:
             )
         shared = Shared(core=core, worker=self._worker, pool=pool, session_blocks=bound)
         encoder = InputEncoder(self._tokenizer, self.codec, core.config.vocab_size)
-        gate = Gate(shared, admitter, self._counters, encoder)
+        gate = Gate(shared, admitter, self._counters, encoder, max_chunk=self.timing.max_chunk_tokens)
         delivery = Delivery(
             counters=self._counters,
             timing=self.timing,
@@ -353,31 +353,59 @@ class Engine:
         sampling: SamplingParams | None = None,
         timeout: float | None = None,
         decode_tokens: int = 1,
+        pin_system_prompt: bool = True,
     ) -> Session:
         """A session on this engine, opened by ``async with`` (waits up to ``timeout`` for room)."""
         from ._session import Session
 
-        return Session(system_prompt, engine=self, sampling=sampling, timeout=timeout, decode_tokens=decode_tokens)
+        return Session(
+            system_prompt,
+            engine=self,
+            sampling=sampling,
+            timeout=timeout,
+            decode_tokens=decode_tokens,
+            pin_system_prompt=pin_system_prompt,
+        )
 
     def try_session(
-        self, system_prompt: str | None = None, *, sampling: SamplingParams | None = None, decode_tokens: int = 1
+        self,
+        system_prompt: str | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        decode_tokens: int = 1,
+        pin_system_prompt: bool = True,
     ) -> Session:
         """Open a session now or raise ``AdmissionRejected`` at once: the nowait twin of ``session()``."""
-        return self.session(system_prompt, sampling=sampling, decode_tokens=decode_tokens).open_nowait()
+        return self.session(
+            system_prompt, sampling=sampling, decode_tokens=decode_tokens, pin_system_prompt=pin_system_prompt
+        ).open_nowait()
 
     async def _admit(
-        self, channel: SessionChannel, system_prompt: str | None, sampling: Any, log: Any, timeout: float | None
+        self,
+        channel: SessionChannel,
+        system_prompt: str | None,
+        sampling: Any,
+        log: Any,
+        timeout: float | None,
+        pin_system_prompt: bool = True,
     ) -> Slot:
         """Wait (up to ``timeout``) for room; the session's slot, or ``AdmissionRejected``."""
         await self.start()
         self._check_serving(channel.session_id)
         assert self._gate is not None
         wait = self.admission_config.queue_timeout if timeout is None else timeout
-        slot = await self._gate.wait(channel, system_prompt, sampling, log, wait)
+        slot = await self._gate.wait(channel, system_prompt, sampling, log, wait, pin_system_prompt)
         self._check_serving(channel.session_id)  # the engine may have closed while the session waited
         return slot
 
-    def _admit_nowait(self, channel: SessionChannel, system_prompt: str | None, sampling: Any, log: Any) -> Slot:
+    def _admit_nowait(
+        self,
+        channel: SessionChannel,
+        system_prompt: str | None,
+        sampling: Any,
+        log: Any,
+        pin_system_prompt: bool = True,
+    ) -> Slot:
         if not self._started:
             if self._needs_load():
                 raise RuntimeError("the engine has not loaded its model yet; enter it first (async with engine)")
@@ -386,7 +414,7 @@ class Engine:
             self._start_now(core, *self._sizes(core, self.timing.max_chunk_tokens))
         self._check_serving(channel.session_id)
         assert self._gate is not None
-        return self._gate.admit_nowait(channel, system_prompt, sampling, log)
+        return self._gate.admit_nowait(channel, system_prompt, sampling, log, pin_system_prompt)
 
     def _check_serving(self, session_id: int) -> None:
         if self._failure is not None:

@@ -19,8 +19,9 @@ from ._admission import AIMDAdmitter
 from ._channel import SessionChannel
 from ._counters import Counters
 from ._encoding import InputEncoder
-from ._exceptions import AdmissionRejected
+from ._exceptions import AdmissionRejected, CacheExhausted
 from ._log import get_logger
+from ._memory import ConversationMemory
 from ._signal import Signal
 from ._state import Shared, Slot
 
@@ -28,8 +29,11 @@ __all__: list[str] = []  # internal: Gate
 
 
 class Gate:
-    def __init__(self, shared: Shared, admitter: AIMDAdmitter, counters: Counters, encoder: InputEncoder) -> None:
+    def __init__(
+        self, shared: Shared, admitter: AIMDAdmitter, counters: Counters, encoder: InputEncoder, *, max_chunk: int
+    ) -> None:
         self.shared = shared
+        self.max_chunk = max_chunk
         self.admitter = admitter
         self.counters = counters
         self.encoder = encoder
@@ -47,38 +51,79 @@ class Gate:
         sampling: SamplingParams | None,
         log: Any,
         timeout: float,
+        pin_system_prompt: bool = True,
     ) -> Slot:
         """Admit, waiting up to ``timeout`` seconds (real time) for room; else ``AdmissionRejected``."""
         if timeout < 0 or not math.isfinite(timeout):
             raise ValueError(f"timeout must be a finite number >= 0 (seconds), got {timeout!r}")
         with anyio.move_on_after(timeout):
-            while (slot := self.try_admit(channel, system_prompt, sampling, log)) is None:
+            while (slot := self.try_admit(channel, system_prompt, sampling, log, pin_system_prompt)) is None:
                 await self._room.wait()
             return slot
         raise self.reject(channel.session_id)
 
     def admit_nowait(
-        self, channel: SessionChannel, system_prompt: str | None, sampling: SamplingParams | None, log: Any
+        self,
+        channel: SessionChannel,
+        system_prompt: str | None,
+        sampling: SamplingParams | None,
+        log: Any,
+        pin_system_prompt: bool = True,
     ) -> Slot:
-        slot = self.try_admit(channel, system_prompt, sampling, log)
+        slot = self.try_admit(channel, system_prompt, sampling, log, pin_system_prompt)
         if slot is None:
             raise self.reject(channel.session_id)
         return slot
 
     def try_admit(
-        self, channel: SessionChannel, system_prompt: str | None, sampling: SamplingParams | None, log: Any
+        self,
+        channel: SessionChannel,
+        system_prompt: str | None,
+        sampling: SamplingParams | None,
+        log: Any,
+        pin_system_prompt: bool = True,
     ) -> Slot | None:
         shared, admitter = self.shared, self.admitter
-        if not admitter.admits(len(shared.slots), free_blocks=shared.pool.num_blocks - shared.pool.used_blocks):
+        prefix = self.encoder.system(system_prompt) if system_prompt is not None else []
+        memory, pinned_blocks = self._pin(channel.session_id, len(prefix), pin_system_prompt, log)
+        held = sum(s.pinned_blocks for s in shared.slots.values()) + pinned_blocks
+        free = shared.pool.num_blocks - shared.pool.used_blocks
+        if not admitter.admits(len(shared.slots), free_blocks=free, pinned_blocks=held):
             return None
-        slot = Slot(channel.session_id, channel, sampling, log)
+        slot = Slot(channel.session_id, channel, sampling, log, memory=memory, pinned_blocks=pinned_blocks)
         if system_prompt is not None:
-            slot.prefix = self.encoder.system(system_prompt)
+            slot.prefix = prefix
             slot.rendered = True
         shared.slots[slot.session_id] = slot
         self.counters.session_admitted(len(shared.slots))
         log.info("admission.admitted", in_flight=len(shared.slots), limit=admitter.limit)
         return slot
+
+    def _pin(self, session_id: int, prompt_tokens: int, pin: bool, log: Any) -> tuple[ConversationMemory, int]:
+        """The session's memory account, and the blocks its pinned prompt adds to its bound;
+        ``CacheExhausted`` when the pool could never hold that bound."""
+        core = self.shared.core
+        pinned = prompt_tokens if pin and core.policy.bounded else 0
+        memory = ConversationMemory(core.policy, prompt_tokens=prompt_tokens, pinned=pinned)
+        session_blocks = self.shared.session_blocks
+        if not pinned or session_blocks is None:
+            return memory, 0
+        try:
+            bound = core.session_bound_blocks(chunk=self.max_chunk, pinned=pinned)  # type: ignore[call-arg]
+        except TypeError:  # a backend without pinned prefixes: the prompt slides, and the session says so
+            log.warning("session.prompt_not_pinned", backend=type(core).__name__, prompt_tokens=prompt_tokens)
+            return ConversationMemory(core.policy, prompt_tokens=prompt_tokens), 0
+        assert bound is not None  # bounded policy
+        pool = self.shared.pool.num_blocks
+        if bound > pool:
+            raise CacheExhausted(
+                f"session {session_id} pins a {pinned}-token system prompt: its bound is {bound} blocks, more than "
+                f"the pool's {pool}; shorten the prompt, pass pin_system_prompt=False, or grow the pool",
+                session_id=session_id,
+                needed_blocks=bound,
+                pool_blocks=pool,
+            )
+        return memory, bound - session_blocks
 
     def reject(self, session_id: int) -> AdmissionRejected:
         admitter = self.admitter

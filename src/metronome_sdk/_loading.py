@@ -6,7 +6,7 @@ Runs on the engine's core thread (loading takes seconds; the event loop never wa
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Literal
 
 from metronome_engine import EngineCore
 
@@ -17,13 +17,13 @@ __all__: list[str] = []  # internal: load_core, load_tokenizer
 
 
 @functools.lru_cache(maxsize=4)
-def _shared_model(model: str, device: str, path: str) -> Any:
+def _shared_model(model: str, device: str, path: str, quantize: Literal["q8_0", "q4_1"] | None = None) -> Any:
     # weights are read-only at inference: engines of the same model share them. One copy
     # per engine path ("auto" resolved first): the fused kernels pack the weights in place,
     # where the torch path cannot read them
     from metronome_engine.weights import load_model
 
-    return load_model(model, device=device)
+    return load_model(model, device=device, quantize=quantize)
 
 
 @functools.lru_cache(maxsize=4)
@@ -38,8 +38,8 @@ def load_core(cfg: EngineConfig) -> EngineCore:
 
     from metronome_engine.engine import resolve_kernels
 
-    path = resolve_kernels(cfg.kernels, torch.device(cfg.device))
-    model = _shared_model(cfg.model, cfg.device, path)
+    path = resolve_kernels(cfg.kernels, torch.device(cfg.device), model=cfg.model)
+    model = _shared_model(cfg.model, cfg.device, path, cfg.quantize)
     pool = cfg.pool_size()
     return EngineCore(
         model,

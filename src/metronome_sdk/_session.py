@@ -14,7 +14,9 @@ returned by a later ``receive()``); ``interrupt()`` stops the current reply at t
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import weakref
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -34,6 +36,20 @@ from ._stats import SessionStats
 __all__ = ["Interrupted", "Session"]
 
 _ids = itertools.count(1)
+_defaults: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Engine] = weakref.WeakKeyDictionary()
+
+
+def default_engine() -> Engine:
+    """An engine per asyncio event loop, made on first use: kept only for the Pipecat adapter
+    (``integrations.pipecat``), whose dev runner's bots share one loop. Not public: it is never
+    closed; applications own their engine with ``async with metronome.Engine()``."""
+    loop = asyncio.get_running_loop()
+    engine = _defaults.get(loop)
+    if engine is None or engine.closed:
+        engine = _defaults[loop] = Engine()
+    return engine
+
+
 MAX_DECODE_TOKENS = 64  # one frame's decode rounds are steps in one tick: more would never fit a deadline
 
 FrameLike = InputFrame | str | None
@@ -98,7 +114,10 @@ class Session:
         sampling: SamplingParams | None = None,
         timeout: float | None = None,
         decode_tokens: int = 1,
+        pin_system_prompt: bool = True,
     ) -> None:
+        if not isinstance(pin_system_prompt, bool):
+            raise ValueError(f"pin_system_prompt must be True or False, got {pin_system_prompt!r}")
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a str or None, got {type(system_prompt).__name__}")
         if engine is not None and not isinstance(engine, Engine):
@@ -109,6 +128,7 @@ class Session:
         self._system_prompt = system_prompt
         self._sampling = sampling
         self._timeout = timeout
+        self._pin_system_prompt = pin_system_prompt
         self._log = get_logger(session_id=self.id)
         self._slot: Slot | None = None
         self._closed = False
@@ -163,7 +183,12 @@ class Session:
             await engine.__aenter__()
         try:
             self._slot = await engine._admit(
-                self._new_channel(engine), self._system_prompt, self._sampling, self._log, self._timeout
+                self._new_channel(engine),
+                self._system_prompt,
+                self._sampling,
+                self._log,
+                self._timeout,
+                self._pin_system_prompt,
             )
             self._slot.decode_tokens = self._decode_tokens
         except BaseException:
@@ -180,7 +205,9 @@ class Session:
         if self._engine is None or self._own_engine:
             raise RuntimeError("open_nowait() needs a started engine: use engine.try_session(), or `async with`")
         engine = self._engine
-        self._slot = engine._admit_nowait(self._new_channel(engine), self._system_prompt, self._sampling, self._log)
+        self._slot = engine._admit_nowait(
+            self._new_channel(engine), self._system_prompt, self._sampling, self._log, self._pin_system_prompt
+        )
         self._slot.decode_tokens = self._decode_tokens
         return self
 
@@ -378,7 +405,7 @@ class Session:
             return SessionStats(
                 session_id=self.id, open=False, frames=0, deadline_misses=0, stalls=0, num_tokens=0, num_blocks=0
             )
-        counts = slot.channel.counts
+        counts, memory = slot.channel.counts, slot.memory
         return SessionStats(
             session_id=self.id,
             open=not self.closed,
@@ -391,6 +418,11 @@ class Session:
             frames_sent=counts.sent,
             queued_inputs=len(slot.channel.inputs),
             unread_outputs=slot.channel.unread,
+            pinned_tokens=memory.kept_prefix if memory is not None else 0,
+            evicted_tokens=memory.evicted_tokens if memory is not None else 0,
+            turns=memory.turns if memory is not None else 0,
+            oldest_resident_turn=memory.oldest_resident_turn if memory is not None else None,
+            system_prompt_resident=memory.prompt_resident if memory is not None else True,
         )
 
     def __repr__(self) -> str:

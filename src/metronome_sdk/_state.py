@@ -13,6 +13,7 @@ from typing import Any
 from metronome_engine import EngineBackend, PoolStats, SamplingParams
 
 from ._channel import SessionChannel
+from ._memory import ConversationMemory
 from ._worker import CoreThread
 
 __all__: list[str] = []  # internal: Slot, Shared
@@ -26,6 +27,8 @@ class Slot:
     log: Any  # the session's bound logger
     prefix: list[int] = field(default_factory=list)  # the system prompt, appended with the first frame
     rendered: bool = False  # the chat template's preamble was sent
+    memory: ConversationMemory | None = None  # what its model still sees (docs/sessions.md)
+    pinned_blocks: int = 0  # blocks the pinned prompt adds to the session's bound (the memory guard counts them)
     seq_id: int | None = None  # the core's sequence, opened by the first tick
     num_tokens: int = 0
     num_blocks: int = 0
@@ -35,6 +38,11 @@ class Slot:
     waited: int = 0  # ticks in a row its frame waited on the tick's token budget
     in_tick: bool = False
     ended: bool = False  # out of the engine's admitted set (closed by either side)
+
+    @property
+    def pinned(self) -> int:
+        """Tokens of the system prompt the engine keeps pinned (0: none)."""
+        return self.memory.pinned if self.memory is not None else 0
 
 
 @dataclass(slots=True, eq=False)

@@ -51,7 +51,14 @@ class EngineStats:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionStats:
-    """One session at one moment: its counts, its KV footprint, and its queues' depths."""
+    """One session at one moment: its counts, its queues' depths, and what its model still sees.
+
+    ``pinned_tokens`` are the first tokens that never leave the cache (the sinks, or the
+    pinned system prompt); ``evicted_tokens`` the conversation tokens the window has
+    dropped since (0 under the full policy). Turns count from 0, one per frame that
+    carries input; ``oldest_resident_turn`` is the oldest still wholly in the cache
+    (``None`` before the first turn, or when not even the latest fits in the window).
+    """
 
     session_id: int
     open: bool
@@ -64,6 +71,11 @@ class SessionStats:
     frames_sent: int = 0  # input frames accepted
     queued_inputs: int = 0  # input frames waiting for a tick (bounded by ReliabilityConfig.input_queue)
     unread_outputs: int = 0  # outputs and errors waiting for the reader (bounded by output_queue)
+    pinned_tokens: int = 0
+    evicted_tokens: int = 0
+    turns: int = 0
+    oldest_resident_turn: int | None = None
+    system_prompt_resident: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

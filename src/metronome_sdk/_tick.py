@@ -210,17 +210,30 @@ class TickLoop:
         for e in entries:
             e.slot.in_tick = e.pending.in_tick = True
         try:
-            work = [Work(e.slot.seq_id, e.slot.sampling, e.tokens, e.finishes, e.decode) for e in entries]
+            work = [
+                Work(e.slot.seq_id, e.slot.sampling, e.tokens, e.finishes, e.decode, e.slot.pinned) for e in entries
+            ]
             job = self.shared.worker.submit(
                 run_tick_step, self.shared.core, work, self.reliability.step_retries, self._stop_ids
             )
             limit = max(self.reliability.watchdog * self.timing.frame_deadline, self.reliability.watchdog_floor)
             expected = self._expected_seconds(entries)
             stuck = 0
+            worker = self.shared.worker
+            cpu0 = last_cpu = worker.cpu_seconds()
+            last_running = 0.0
 
             def on_long(times: int, running: float) -> bool:
-                nonlocal stuck
-                if not stuck and judge(running, expected=expected, slack=self.reliability.watchdog) is Verdict.SLOW:
+                # slow or stuck: is the core thread still working (CPU time), within what its tokens take?
+                nonlocal stuck, last_cpu, last_running
+                cpu = worker.cpu_seconds()
+                worked = None if cpu is None or cpu0 is None else cpu - cpu0
+                recent = None if cpu is None or last_cpu is None else cpu - last_cpu
+                window, last_cpu, last_running = running - last_running, cpu, running
+                verdict = judge(
+                    worked=worked, recent=recent, window=window, expected=expected, slack=self.reliability.watchdog
+                )
+                if not stuck and verdict is Verdict.SLOW:
                     self.on_slow(entries, times, running, expected)
                     return True
                 stuck += 1
