@@ -280,14 +280,24 @@ class EngineCore:
 
     # sessions ------------------------------------------------------------------------------------
 
-    def add_sequence(self, *, sampling: SamplingParams | None = None) -> int:
+    def add_sequence(self, *, sampling: SamplingParams | None = None, pinned: int = 0) -> int:
+        """Open a session. ``pinned``: its first tokens (a system prompt) stay resident
+        beside the sinks whatever the window does (see ``KVPolicy``); ``ValueError`` when
+        the pool could never hold the bound that gives the session."""
+        bound = self.policy.max_blocks(self.pool.block_size, pinned=pinned)  # checks pinned
+        if bound is not None and bound > self.pool.num_blocks:
+            raise ValueError(
+                f"a session pinning {pinned} tokens is bounded by {bound} blocks ({self.policy!r}, "
+                f"block_size={self.pool.block_size}), more than the pool's {self.pool.num_blocks}; "
+                "pin a shorter prefix, lower the window or grow the pool"
+            )
         seq_id = next(self._ids)
         params = sampling or SamplingParams()
         gen = None
         if not params.greedy:
             gen = torch.Generator(device="cpu")
             gen.manual_seed(params.seed if params.seed is not None else seq_id)
-        self._seqs[seq_id] = _Seq(SequenceKV(seq_id, self.policy, self.pool), params, gen)
+        self._seqs[seq_id] = _Seq(SequenceKV(seq_id, self.policy, self.pool, pinned=pinned), params, gen)
         return seq_id
 
     def free_sequence(self, seq_id: int) -> None:
@@ -305,9 +315,18 @@ class EngineCore:
     def sequence_blocks(self, seq_id: int) -> int:
         return self._seq(seq_id).kv.num_blocks
 
-    def session_bound_blocks(self, chunk: int = 1) -> int | None:
-        """Most blocks one session can hold under this policy (``None``: unbounded)."""
-        return self.policy.max_blocks(self.pool.block_size, chunk=chunk)
+    def resident_blocks(self, seq_id: int) -> list[tuple[int, int]]:
+        """``(logical, physical)`` of every block the session holds, in stream order."""
+        return self._seq(seq_id).kv.resident_blocks()
+
+    def evicted_tokens(self, seq_id: int) -> int:
+        """Tokens between the session's pinned prefix and its window: its last token no longer saw them."""
+        return self._seq(seq_id).kv.evicted_tokens
+
+    def session_bound_blocks(self, chunk: int = 1, *, pinned: int = 0) -> int | None:
+        """Most blocks one session (pinning ``pinned`` tokens) can hold under this policy
+        (``None``: unbounded)."""
+        return self.policy.max_blocks(self.pool.block_size, chunk=chunk, pinned=pinned)
 
     def pool_stats(self) -> PoolStats:
         return PoolStats(self.pool.num_blocks, self.pool.num_used, self.pool.block_size, len(self._seqs))

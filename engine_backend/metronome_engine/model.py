@@ -254,6 +254,7 @@ class LlamaModel(nn.Module):
             c.num_heads,
             c.intermediate_size,
             c.rms_norm_eps,
+            batch.pinned,
         )
         x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
         return cast(Tensor, ops.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
@@ -307,6 +308,7 @@ class LlamaModel(nn.Module):
                 batch.window,
                 batch.sinks,
                 scale,
+                batch.pinned,
             )
             x = ops.linear(attn, *layer.packed("o_proj"), c.hidden_size, x)
             if layer.o_bias is not None:

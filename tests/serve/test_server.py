@@ -250,3 +250,16 @@ def test_the_docs_table_is_the_error_mapping() -> None:
         for _, r in rows()
     ]
     assert [line[: len(e)] for line, e in zip(documented, expected, strict=True)] == expected
+
+
+async def test_several_tokens_a_tick_never_run_past_max_tokens(engine: Engine) -> None:
+    async with await serving(engine, decode_tokens=4) as server, client(server) as c:
+        whole = await c.chat.completions.create(model="any", messages=USER, max_tokens=7)
+        stream = await c.chat.completions.create(model="any", messages=USER, max_tokens=7, stream=True)
+        text = "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
+    assert whole.usage is not None
+    if whole.choices[0].finish_reason == "length":
+        assert whole.usage.completion_tokens == 7  # 4 + 3, not 4 + 4
+    else:
+        assert whole.usage.completion_tokens <= 7
+    assert text == whole.choices[0].message.content

@@ -409,6 +409,7 @@ struct AttentionArgs {
   const int64_t* block_logical;
   const int64_t* block_physical;
   const int64_t* block_count;
+  const int64_t* pinned;  // [B] first tokens each session keeps, or null: `sinks` for every session
   int64_t H, G, hd, num_slots, max_blocks, block_size, window, sinks;
   float scale;
 };
@@ -431,11 +432,12 @@ void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, in
   };
   const int64_t* lg = a.block_logical + b * a.max_blocks;
   const int64_t* ph = a.block_physical + b * a.max_blocks;
+  const int64_t sinks = a.window > 0 && a.pinned != nullptr ? a.pinned[b] : a.sinks;
   for (int64_t row = row0; row < row1; ++row) {
     const int64_t t = a.positions[row];
     // stream keys this query sees: [0, n_sink) with q_sink, [lo, t] with q
-    const int64_t n_sink = a.window > 0 ? std::min(a.sinks, t + 1) : 0;
-    const int64_t lo = a.window > 0 ? std::max(a.sinks, t - a.window + 1) : 0;
+    const int64_t n_sink = a.window > 0 ? std::min(sinks, t + 1) : 0;
+    const int64_t lo = a.window > 0 ? std::max(sinks, t - a.window + 1) : 0;
     const float* q = a.q + (row * a.H + kh * G) * hd;
     const float* q_sink = a.q_sink + (row * a.H + kh * G) * hd;
     std::fill(st.max, st.max + G, -std::numeric_limits<float>::infinity());
@@ -479,13 +481,15 @@ void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, in
 // block_logical[b, i] * block_size. The query at stream index t sees keys k <= t that
 // are sinks (k < min(sinks, t + 1)) or in its window (k >= t - window + 1); window <= 0
 // means every key. Sink keys are scored with q_sink when it is given (see model.py).
+// pinned, when given, replaces sinks per session: a session's pinned prefix (its system
+// prompt) is kept and scored as its sinks are.
 // A task is one (session, kv head) and a few of its queries: a decode step reads each
 // session's K/V blocks once.
 at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>& q_sink, const at::Tensor& k_cache,
                            const at::Tensor& v_cache, const at::Tensor& query_start, const at::Tensor& positions,
                            const at::Tensor& block_logical, const at::Tensor& block_physical,
                            const at::Tensor& block_count, int64_t block_size, int64_t window, int64_t sinks,
-                           double scale) {
+                           double scale, const std::optional<at::Tensor>& pinned) {
   check_f32(q, "q");
   check_f32(k_cache, "k_cache");
   check_f32(v_cache, "v_cache");
@@ -521,6 +525,12 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   a.block_logical = block_logical.data_ptr<int64_t>();
   a.block_physical = block_physical.data_ptr<int64_t>();
   a.block_count = block_count.data_ptr<int64_t>();
+  if (pinned.has_value()) {
+    check_i64(*pinned, "pinned");
+    TORCH_CHECK(pinned->numel() == B, "one pinned count per session");
+    a.pinned = pinned->data_ptr<int64_t>();
+    for (int64_t b = 0; b < B; ++b) TORCH_CHECK(a.pinned[b] >= 0, "pinned counts must be >= 0");
+  }
   TORCH_CHECK(a.query_start[0] == 0 && a.query_start[B] == T, "query_start must span every query row");
   for (int64_t b = 0; b < B; ++b) {
     TORCH_CHECK(a.query_start[b] <= a.query_start[b + 1], "query_start must not decrease");
@@ -612,7 +622,8 @@ at::Tensor decoder_layers(at::Tensor x, at::TensorList weights, const at::Tensor
                           const std::optional<at::Tensor>& sink_sin, const at::Tensor& slots,
                           const at::Tensor& query_start, const at::Tensor& positions, const at::Tensor& block_logical,
                           const at::Tensor& block_physical, const at::Tensor& block_count, int64_t block_size,
-                          int64_t window, int64_t sinks, int64_t num_heads, int64_t intermediate, double eps) {
+                          int64_t window, int64_t sinks, int64_t num_heads, int64_t intermediate, double eps,
+                          const std::optional<at::Tensor>& pinned) {
   check_f32(k_cache, "k_cache");
   check_f32(v_cache, "v_cache");
   const int64_t layers = k_cache.size(0);
@@ -633,7 +644,7 @@ at::Tensor decoder_layers(at::Tensor x, at::TensorList weights, const at::Tensor
                                   sink_sin, slots, kc, vc, num_heads);
     at::Tensor attn = paged_attention(q, with_sinks ? std::optional<at::Tensor>(q_sink) : std::nullopt, kc, vc,
                                       query_start, positions, block_logical, block_physical, block_count, block_size,
-                                      window, sinks, scale);
+                                      window, sinks, scale, pinned);
     x = linear(attn, o_proj[0], o_proj[1], o_proj[2], hidden, x);
     h = rms_norm(x, w[7], eps);
     at::Tensor act = silu_mul(linear(h, gate_up[0], gate_up[1], gate_up[2], 2 * intermediate, std::nullopt));
@@ -666,12 +677,12 @@ METRONOME_LIBRARY(METRONOME_OPS, m) {
   m.def(
       "paged_attention(Tensor q, Tensor? q_sink, Tensor k_cache, Tensor v_cache, Tensor query_start, "
       "Tensor positions, Tensor block_logical, Tensor block_physical, Tensor block_count, int block_size, "
-      "int window, int sinks, float scale) -> Tensor",
+      "int window, int sinks, float scale, Tensor? pinned=None) -> Tensor",
       &paged_attention);
   m.def(
       "decoder_layers(Tensor x, Tensor[] weights, Tensor(a!) k_cache, Tensor(b!) v_cache, Tensor cos, Tensor sin, "
       "Tensor? sink_cos, Tensor? sink_sin, Tensor slots, Tensor query_start, Tensor positions, "
       "Tensor block_logical, Tensor block_physical, Tensor block_count, int block_size, int window, int sinks, "
-      "int num_heads, int intermediate, float eps) -> Tensor",
+      "int num_heads, int intermediate, float eps, Tensor? pinned=None) -> Tensor",
       &decoder_layers);
 }
