@@ -236,3 +236,30 @@ def test_config_is_checked_when_made() -> None:
         with pytest.raises(ValueError):
             ServeConfig(**bad)  # type: ignore[arg-type]
     assert "token=set" in repr(ServeConfig(token="12345678")) and "12345678" not in repr(ServeConfig(token="12345678"))
+
+
+def test_the_docs_table_is_the_error_mapping() -> None:
+    from pathlib import Path
+
+    from metronome_sdk.integrations._errors import rows
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text(encoding="utf-8")
+    documented = [line for line in page.splitlines() if line.startswith("| `")]
+    expected = [
+        f"| `{r.exception}` | {r.status} | `{r.openai_type}` | {str(r.retryable).lower()} | `{r.pipecat}` |"
+        for _, r in rows()
+    ]
+    assert [line[: len(e)] for line, e in zip(documented, expected, strict=True)] == expected
+
+
+async def test_several_tokens_a_tick_never_run_past_max_tokens(engine: Engine) -> None:
+    async with await serving(engine, decode_tokens=4) as server, client(server) as c:
+        whole = await c.chat.completions.create(model="any", messages=USER, max_tokens=7)
+        stream = await c.chat.completions.create(model="any", messages=USER, max_tokens=7, stream=True)
+        text = "".join([ch.choices[0].delta.content or "" async for ch in stream if ch.choices])
+    assert whole.usage is not None
+    if whole.choices[0].finish_reason == "length":
+        assert whole.usage.completion_tokens == 7  # 4 + 3, not 4 + 4
+    else:
+        assert whole.usage.completion_tokens <= 7
+    assert text == whole.choices[0].message.content

@@ -28,7 +28,7 @@ import aiohttp
 from livekit.agents import APIConnectionError, APIConnectOptions, APIError, APIStatusError, llm
 from livekit.agents.types import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, NotGivenOr
 
-__all__ = ["MetronomeLLM"]
+__all__ = ["MetronomeLLM", "MetronomeLLMStream", "chat_turns"]
 
 SESSION_HEADER = "X-Metronome-Session"
 

@@ -259,7 +259,12 @@ class ChatServer:
         return _error_response(row, str(exc) or row.exception, retry)
 
     async def _open(self, system_prompt: str | None) -> Conversation:
-        session = self.engine.session(system_prompt, sampling=self._sampling, timeout=self.config.admission_wait)
+        session = self.engine.session(
+            system_prompt,
+            sampling=self._sampling,
+            timeout=self.config.admission_wait,
+            decode_tokens=self.config.decode_tokens,
+        )
         await session.open()
         tokenizer = self.engine.tokenizer
         assert tokenizer is not None  # checked in start()
@@ -365,7 +370,7 @@ class ChatServer:
             try:
                 async for piece in pieces:
                     parts.append(piece.text)
-                    count += 1
+                    count += piece.tokens
                     stopped = piece.stop
             except Exception as exc:
                 return self._failure(exc)
@@ -416,7 +421,7 @@ class ChatServer:
             await send(chunk({"role": "assistant", "content": ""}))
             try:
                 while True:
-                    count += 1
+                    count += piece.tokens
                     if piece.text:
                         await send(chunk({"content": piece.text}))
                     if piece.stop:
