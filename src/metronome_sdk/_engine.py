@@ -47,6 +47,7 @@ from ._exceptions import (
 )
 from ._frames import InputFrame, OutputFrame
 from ._log import get_logger
+from ._memory import ConversationMemory
 from ._metrics import EngineMetrics
 from ._stats import EngineStats, TickReport
 from ._watchdog import Verdict, judge, watch
@@ -86,6 +87,7 @@ class _Pending:
     tokens: list[int]  # still to append
     submitted: float
     index: int
+    started: bool = False  # a chunk of it was appended: its turn has begun
 
 
 @dataclass(slots=True)
@@ -252,7 +254,7 @@ class Engine:
 
             from metronome_engine.engine import resolve_kernels
 
-            path = resolve_kernels(cfg.kernels, torch.device(cfg.device))
+            path = resolve_kernels(cfg.kernels, torch.device(cfg.device), model=cfg.model)
             model = _shared_model(cfg.model, cfg.device, path, cfg.quantize)
             pool = cfg.pool_size()
             self._core = EngineCore(
@@ -389,17 +391,32 @@ class Engine:
         sampling: SamplingParams | None = None,
         timeout: float | None = None,
         decode_tokens: int = 1,
+        pin_system_prompt: bool = True,
     ) -> Session:
         """A session on this engine, opened by ``async with`` (waits up to ``timeout`` for room)."""
         from ._session import Session
 
-        return Session(system_prompt, engine=self, sampling=sampling, timeout=timeout, decode_tokens=decode_tokens)
+        return Session(
+            system_prompt,
+            engine=self,
+            sampling=sampling,
+            timeout=timeout,
+            decode_tokens=decode_tokens,
+            pin_system_prompt=pin_system_prompt,
+        )
 
     def try_session(
-        self, system_prompt: str | None = None, *, sampling: SamplingParams | None = None, decode_tokens: int = 1
+        self,
+        system_prompt: str | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        decode_tokens: int = 1,
+        pin_system_prompt: bool = True,
     ) -> Session:
         """Open a session now or raise ``AdmissionRejected`` at once: the nowait twin of ``session()``."""
-        return self.session(system_prompt, sampling=sampling, decode_tokens=decode_tokens).open_nowait()
+        return self.session(
+            system_prompt, sampling=sampling, decode_tokens=decode_tokens, pin_system_prompt=pin_system_prompt
+        ).open_nowait()
 
     async def _open(self, session: Session, timeout: float | None) -> None:
         await self.start()
@@ -429,15 +446,44 @@ class Engine:
         if self._closed:
             raise SessionClosed("the engine is closed; no session can open on it", session_id=session.id)
         admitter = self._require_admitter()
-        if not admitter.admits(len(self._sessions), free_blocks=self._pool.num_blocks - self._pool.used_blocks):
+        prefix = self._encode_system(session)
+        memory, pinned_blocks = self._pin(session, len(prefix))
+        held = sum(s._pinned_blocks for s in self._sessions.values()) + pinned_blocks
+        free = self._pool.num_blocks - self._pool.used_blocks
+        if not admitter.admits(len(self._sessions), free_blocks=free, pinned_blocks=held):
             return False
-        session._attach(self, self._encode_system(session))
+        session._attach(self, prefix, memory, pinned_blocks)
         self._sessions[session.id] = session
         self._admitted += 1
         self.metrics.admitted.inc()
         self.metrics.sessions.set(len(self._sessions))
         session._log.info("admission.admitted", in_flight=len(self._sessions), limit=admitter.limit)
         return True
+
+    def _pin(self, session: Session, prompt_tokens: int) -> tuple[ConversationMemory, int]:
+        """The session's memory account, and the blocks its pinned prompt adds to its bound;
+        ``CacheExhausted`` when the pool could never hold that bound."""
+        core = self._require_core()
+        pinned = prompt_tokens if session._pin_system_prompt and core.policy.bounded else 0
+        memory = ConversationMemory(core.policy, prompt_tokens=prompt_tokens, pinned=pinned)
+        if not pinned or self._session_blocks is None:
+            return memory, 0
+        try:
+            bound = core.session_bound_blocks(chunk=self.timing.max_chunk_tokens, pinned=pinned)  # type: ignore[call-arg]
+        except TypeError:  # a backend without pinned prefixes: the prompt slides, and the session says so
+            session._log.warning("session.prompt_not_pinned", backend=type(core).__name__, prompt_tokens=prompt_tokens)
+            return ConversationMemory(core.policy, prompt_tokens=prompt_tokens), 0
+        assert bound is not None  # bounded policy
+        pool = self._pool.num_blocks
+        if bound > pool:
+            raise CacheExhausted(
+                f"session {session.id} pins a {pinned}-token system prompt: its bound is {bound} blocks, more than "
+                f"the pool's {pool}; shorten the prompt, pass pin_system_prompt=False, or grow the pool",
+                session_id=session.id,
+                needed_blocks=bound,
+                pool_blocks=pool,
+            )
+        return memory, bound - self._session_blocks
 
     def _reject(self, session: Session) -> AdmissionRejected:
         admitter = self._require_admitter()
@@ -675,7 +721,7 @@ class Engine:
             entries.append(_Entry(s, pending, tokens, taken, grant.decode > 0, decode=grant.decode))
         return entries
 
-    def _work(self, entries: list[tuple[int | None, SamplingParams | None, list[int], bool, int]]) -> _WorkResult:
+    def _work(self, entries: list[tuple[int | None, SamplingParams | None, list[int], bool, int, int]]) -> _WorkResult:
         """On the core thread: open the sequences of new sessions, run one batched step,
         then the extra decode rounds of sessions granted several tokens this tick.
 
@@ -683,9 +729,13 @@ class Engine:
         once, ``step_retries`` times: a transient fault costs one step's time, not a frame.
         """
         core = self._require_core()
-        seq_ids = [sid if sid is not None else core.add_sequence(sampling=sampling) for sid, sampling, *_ in entries]
+        seq_ids = [
+            sid if sid is not None else core.add_sequence(sampling=sampling, **({"pinned": pin} if pin else {}))
+            for sid, sampling, *_, pin in entries
+        ]
         requests = [
-            StepRequest(sid, toks, sample=finish) for sid, (_, _, toks, finish, _) in zip(seq_ids, entries, strict=True)
+            StepRequest(sid, toks, sample=finish)
+            for sid, (_, _, toks, finish, *_) in zip(seq_ids, entries, strict=True)
         ]
         t0 = time.perf_counter()
         outputs: list[StepOutput] = []
@@ -760,7 +810,10 @@ class Engine:
             e.session._in_tick = True
         self._tick_done = done_event = anyio.Event()
         try:
-            work = [(e.session._seq_id, e.session._sampling, e.tokens, e.finishes, e.decode) for e in entries]
+            work = [
+                (e.session._seq_id, e.session._sampling, e.tokens, e.finishes, e.decode, e.session._pinned)
+                for e in entries
+            ]
             job = self._worker.submit(self._work, work)
             limit = max(self.reliability.watchdog * self.timing.frame_deadline, self.reliability.watchdog_floor)
             expected = self._expected_seconds(entries)
@@ -997,6 +1050,7 @@ class Engine:
                     latencies.append(latency)
                 continue
             growth += out.num_blocks - s._num_blocks
+            self._remember(s, e, out.num_tokens)
             s._num_tokens, s._num_blocks = out.num_tokens, out.num_blocks
             s._feedback = None
             del e.pending.tokens[: e.taken]
@@ -1008,6 +1062,27 @@ class Engine:
                 latencies.append(self._answer(s, e.pending, decoded, tick, done))
         appended = sum(t for t, _ in result.steps)
         self._account(tick, done, entries, stalled, latencies, growth, result.step_seconds, appended)
+
+    def _remember(self, s: Session, e: _Entry, num_tokens: int) -> None:
+        """Keep the account of what the session's model still sees (docs/sessions.md): say
+        when the window drops a whole turn or the system prompt, count every token it drops."""
+        memory = s._memory
+        if memory is None:
+            return
+        if not e.pending.started and e.taken:  # a frame with input begins its turn after the fed-back token
+            memory.turn_started(s._num_tokens + len(e.tokens) - e.taken)
+        e.pending.started = True
+        lost = memory.update(num_tokens)
+        if lost.tokens:
+            self.metrics.evicted_tokens.inc(lost.tokens)
+        if lost.turns or lost.prompt:
+            s._log.info(
+                "session.evicted",
+                evicted_tokens=memory.evicted_tokens,
+                turns_lost=lost.turns,
+                oldest_resident_turn=memory.oldest_resident_turn,
+                system_prompt_resident=memory.prompt_resident,
+            )
 
     def _break(self, s: Session, e: _Entry) -> None:
         """Non-finite logits: the session's state is corrupt. The core dropped it; end the session."""

@@ -4,7 +4,6 @@ weights, on the torch path and on the fused kernels (AMX tiles where this CPU ha
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,16 +16,6 @@ from metronome_engine.quant import QuantBlocks, Quantize, quantize_weight
 from metronome_engine.quantized import block_weight_names, read_blocks
 
 from .tiny import VOCAB, tiny_family, tiny_hf
-
-
-@pytest.fixture
-def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Quantized weights go to a fresh folder; the kernels are loaded first, so that
-    their build folder stays the machine's."""
-    fused_kernels.available()
-    root = tmp_path / "cache"
-    monkeypatch.setattr(weights, "cache_dir", lambda: root)
-    yield root
 
 
 @pytest.mark.parametrize("kind", ["q8_0", "q4_1"])

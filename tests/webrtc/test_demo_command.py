@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-pytestmark = [pytest.mark.real_model, pytest.mark.timeout(120)]
+pytestmark = [pytest.mark.real_model, pytest.mark.timeout(240)]
 
 
 def _demo(*args: str) -> subprocess.Popen[str]:
@@ -49,7 +49,7 @@ def test_metronome_demo_names_a_port_it_cannot_take() -> None:
         taken.listen()
         port = taken.getsockname()[1]
         with _demo("--port", str(port)) as proc:
-            _, err = proc.communicate(timeout=90)
+            _, err = proc.communicate(timeout=180)
     assert proc.returncode == 2
     assert f"metronome: error: cannot listen on 127.0.0.1:{port}" in err
     assert "Traceback" not in err
