@@ -23,6 +23,8 @@ pytestmark = [pytest.mark.real_model, pytest.mark.timeout(180)]
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 TESTED = {"voice_agent.py", "webrtc_server.py"}  # each has a test below
+# the serve and integration examples are run by tests/serve/test_serve_examples.py
+TESTED |= {"openai_client.py", "pipecat_bot.py", "livekit_agent.py"}
 TOKEN = "example-token"
 
 

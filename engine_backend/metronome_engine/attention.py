@@ -1,10 +1,12 @@
 """Attention for one batched step, over the batch's view of the paged pool.
 
 Each session contributes ``c`` new query tokens at stream indices ``t0..t1`` and owns
-one row of the batch view (see ``batch_view.py``): whole blocks in stream order, sink
-blocks first, so column ``c < S`` holds stream token ``c`` in every row. A per-query
-mask selects exactly that query's span (its sinks, and the window ending at itself),
-so a chunk of ``c`` tokens scores each token as if the tokens had come one by one.
+one row of the batch view (see ``batch_view.py``): whole blocks in stream order, pinned
+blocks first, so column ``c < P`` holds stream token ``c`` in a row whose session pins
+``P`` tokens (its sinks, or its longer pinned prefix; ``P`` differs between rows). A
+per-query mask selects exactly that query's span (its pinned tokens, and the window
+ending at itself), so a chunk of ``c`` tokens scores each token as if the tokens had
+come one by one.
 """
 
 from __future__ import annotations
@@ -39,18 +41,20 @@ class StepTokens:
     """Where each of a step's new tokens sits: what both attention paths need of it."""
 
     positions: Tensor  # [T] stream index of each new token
-    sink_positions: Tensor | None  # [T] in-cache position of each new token (bounded policy with sinks)
+    sink_positions: Tensor | None  # [T] in-cache position of each new token (bounded policy, pinned tokens)
     slot_mapping: Tensor  # [T] pool slot each new token's K/V is written to
     logit_rows: Tensor | None  # rows of [T] whose logits are wanted; None for all
 
     @classmethod
     def build(cls, policy: KVPolicy, chunks: Sequence[SeqChunk], *, device: torch.device) -> StepTokens:
         positions: list[int] = []
+        pinned: list[int] = []
         slot_mapping: list[int] = []
         logit_rows: list[int] = []
         for ch in chunks:
             t0, base = ch.seq.num_tokens, len(positions)
             positions.extend(range(t0, t0 + ch.n_new))
+            pinned.extend([ch.seq.pinned] * ch.n_new)
             slot_mapping.extend(ch.seq.slots(t0, t0 + ch.n_new))
             if ch.all_logits:
                 logit_rows.extend(range(base, base + ch.n_new))
@@ -58,11 +62,12 @@ class StepTokens:
                 logit_rows.append(base + ch.n_new - 1)
         pos = torch.tensor(positions, dtype=torch.int64)
         sink_positions: Tensor | None = None
-        if policy.window is not None and policy.sinks:
-            # in-cache position of query t: (sinks it sees) + (window tokens it sees) - 1
-            n_sink_t = torch.clamp(pos + 1, max=policy.sinks)
-            lo_t = torch.clamp(pos - policy.window + 1, min=policy.sinks)
-            sink_positions = n_sink_t + torch.clamp(pos - lo_t + 1, min=0) - 1
+        if policy.window is not None and any(pinned):
+            # in-cache position of query t: (pinned tokens it sees) + (window tokens it sees) - 1
+            p = torch.tensor(pinned, dtype=torch.int64)
+            n_pinned_t = torch.minimum(pos + 1, p)
+            lo_t = torch.maximum(pos - policy.window + 1, p)
+            sink_positions = n_pinned_t + torch.clamp(pos - lo_t + 1, min=0) - 1
         all_rows = len(logit_rows) == len(positions)
         return cls(
             positions=pos.to(device),
@@ -82,7 +87,8 @@ class AttentionBatch:
     max_chunk: int
     max_cols: int  # columns attention reads per row: up to the last block any row uses
     row_cols: int  # columns per row of the batch view (its capacity)
-    sink_cols: int
+    sink_cols: int  # the most pinned tokens of any row: columns scored with the query at its in-cache position
+    sink_rows: Tensor | None  # [1, B, 1, sink_cols] which of those columns each row pins; None: every row all
     group_size: int
     scale: float
 
@@ -98,14 +104,15 @@ class AttentionBatch:
         group_size: int,
         device: torch.device,
     ) -> AttentionBatch:
-        sinks = policy.sinks if policy.bounded else 0
         window = policy.window
+        row_pinned = [ch.seq.pinned for ch in chunks]  # 0 under the full policy
         bs = chunks[0].seq.block_size
         num_seqs = len(chunks)
         max_chunk = max(ch.n_new for ch in chunks)
         # a row's spare blocks past every row's last block hold nothing: attention stops before them
         used = max(len(row) for row in view_rows)
         max_cols = used * bs
+        sinks = min(max(row_pinned), max_cols)  # a prefix still being prefilled has fewer columns yet
         tokens = StepTokens.build(policy, chunks, device=device)
         view_mapping: list[int] = []
         q_index: list[int] = []
@@ -133,10 +140,14 @@ class AttentionBatch:
         if window is None:
             valid = k <= qpos
         else:
-            lo = torch.clamp(qpos - window + 1, min=sinks)
-            is_sink_col = torch.arange(max_cols).view(1, 1, max_cols) < sinks
-            valid = torch.where(is_sink_col, k <= qpos, (k >= lo) & (k <= qpos))
+            p = torch.tensor(row_pinned, dtype=torch.int64).view(num_seqs, 1, 1)
+            lo = torch.maximum(qpos - window + 1, p)
+            valid = (k <= qpos) & ((k < p) | (k >= lo))
         mask = torch.zeros(valid.shape, dtype=torch.float32).masked_fill_(~valid, float("-inf"))
+        sink_rows: Tensor | None = None
+        if min(row_pinned) < sinks:  # rows pin different counts
+            cols = torch.arange(sinks, dtype=torch.int64).view(1, 1, 1, sinks)
+            sink_rows = (cols < torch.tensor(row_pinned, dtype=torch.int64).view(1, num_seqs, 1, 1)).to(device)
         return cls(
             tokens=tokens,
             view_mapping=torch.tensor(view_mapping, dtype=torch.int64, device=device),
@@ -147,6 +158,7 @@ class AttentionBatch:
             max_cols=max_cols,
             row_cols=capacity * bs,
             sink_cols=sinks,
+            sink_rows=sink_rows,
             group_size=group_size,
             scale=1.0 / math.sqrt(head_dim),
         )
@@ -171,7 +183,10 @@ class AttentionBatch:
         scores = torch.matmul(self._to_heads(q), keys.transpose(-1, -2))
         if q_sink is not None and self.sink_cols:
             s = self.sink_cols
-            scores[..., :s] = torch.matmul(self._to_heads(q_sink), keys[:, :, :s].transpose(-1, -2))
+            pinned = torch.matmul(self._to_heads(q_sink), keys[:, :, :s].transpose(-1, -2))
+            if self.sink_rows is not None:  # a row pinning fewer columns scores the rest as window keys
+                pinned = torch.where(self.sink_rows, pinned, scores[..., :s])
+            scores[..., :s] = pinned
         scores.mul_(self.scale)
         scores.view(kvh, b, c, g, cols).add_(self.mask.view(1, b, c, 1, cols))
         probs = torch.softmax(scores, dim=-1)

@@ -4,6 +4,12 @@
 ``window(W, sinks=S)`` keeps the first ``S`` tokens pinned (attention sinks) and the
 last ``W`` tokens; everything between leaves the cache and its blocks go back to the
 pool at once, so a session's footprint is bounded whatever its length.
+
+A session may pin a longer prefix of its own (its system prompt): ``pinned=P`` keeps
+its first ``P`` tokens resident too. The sinks are the stream's first tokens, so they
+lie inside such a prefix: a session keeps its first ``max(S, P)`` tokens, and the
+window of ``W`` tokens follows them. In-cache positions run ``0..max(S, P)-1`` over the
+pinned tokens and on from there over the window.
 """
 
 from __future__ import annotations
@@ -49,28 +55,50 @@ class KVPolicy:
     def num_sinks(self) -> int:
         return self.sinks
 
-    def span(self, t: int) -> tuple[int, int]:
-        """For the query at stream index ``t``: ``(n_sinks, window_start)``.
+    def pinned_tokens(self, pinned: int = 0) -> int:
+        """How many first tokens a session with a pinned prefix of ``pinned`` tokens keeps.
 
-        The query attends to stream tokens ``[0, n_sinks)`` and ``[window_start, t]``.
+        ``max(S, pinned)`` under a window (the sinks are the prefix's first tokens);
+        0 under the full policy, which keeps every token anyway.
+        """
+        if isinstance(pinned, bool) or not isinstance(pinned, int) or pinned < 0:
+            raise ValueError(f"pinned must be an int >= 0 (tokens), got {pinned!r}")
+        if self.window is None:
+            return 0
+        return max(self.sinks, pinned)
+
+    def span(self, t: int, *, pinned: int = 0) -> tuple[int, int]:
+        """For the query at stream index ``t``: ``(n_pinned, window_start)``.
+
+        The query attends to stream tokens ``[0, n_pinned)`` (the sinks, or the pinned
+        prefix when it is longer) and ``[window_start, t]``.
         """
         if self.window is None:
             return 0, 0
-        n_sinks = min(self.sinks, t + 1)
-        return n_sinks, max(self.sinks, t - self.window + 1)
+        p = self.pinned_tokens(pinned)
+        return min(p, t + 1), max(p, t - self.window + 1)
 
-    def max_blocks(self, block_size: int, *, chunk: int = 1) -> int | None:
+    def evicted(self, num_tokens: int, *, pinned: int = 0) -> int:
+        """Tokens of a stream of ``num_tokens`` that its last token no longer saw: those
+        between the pinned prefix and the window. Always 0 under the full policy."""
+        if self.window is None:
+            return 0
+        return max(0, num_tokens - self.window - self.pinned_tokens(pinned))
+
+    def max_blocks(self, block_size: int, *, chunk: int = 1, pinned: int = 0) -> int | None:
         """Most blocks one session can hold while a step appends ``chunk`` tokens.
 
         ``None`` for the full policy (unbounded). For a decode step (``chunk=1``) this is
-        ``ceil(S/bs) + ceil(W/bs) + 1``; a longer chunk keeps the earliest query's window
-        resident until the step ends, so it widens the window by ``chunk - 1`` tokens.
+        ``ceil(P/bs) + ceil(W/bs) + 1`` with ``P = max(S, pinned)``; a longer chunk keeps
+        the earliest query's window resident until the step ends, so it widens the window
+        by ``chunk - 1`` tokens.
         """
         if self.window is None:
             return None
         if chunk < 1:
             raise ValueError(f"chunk must be >= 1, got {chunk}")
-        return math.ceil(self.sinks / block_size) + math.ceil((self.window + chunk - 1) / block_size) + 1
+        p = self.pinned_tokens(pinned)
+        return math.ceil(p / block_size) + math.ceil((self.window + chunk - 1) / block_size) + 1
 
     def __repr__(self) -> str:
         if self.window is None:

@@ -29,6 +29,7 @@ class PagedBatch:
     block_size: int
     window: int  # 0: every token (full policy)
     sinks: int
+    pinned: Tensor | None  # [B] first tokens each session keeps (sinks or a longer prefix); None: ``sinks`` for all
 
     @classmethod
     def build(cls, policy: KVPolicy, chunks: Sequence[SeqChunk], *, device: torch.device) -> PagedBatch:
@@ -54,4 +55,9 @@ class PagedBatch:
             block_size=chunks[0].seq.block_size,
             window=policy.window if policy.window is not None else 0,
             sinks=policy.sinks,  # 0 under the full policy
+            pinned=(
+                torch.tensor([ch.seq.pinned for ch in chunks], dtype=torch.int64, device=device)
+                if any(ch.seq.pinned != policy.sinks for ch in chunks)
+                else None
+            ),
         )

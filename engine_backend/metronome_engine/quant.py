@@ -34,6 +34,7 @@ __all__ = [
     "TILE_COLS",
     "QuantBlocks",
     "Quantize",
+    "gguf_tensor_names",
     "pack_tiles",
     "quantize_weight",
     "read_gguf_blocks",
@@ -163,6 +164,13 @@ _LAYER_NAMES = {
     "ffn_up": "mlp.up_proj",
     "ffn_down": "mlp.down_proj",
 }
+
+
+def gguf_tensor_names(path: Path) -> set[str]:
+    """The names of the tensors a GGUF file holds (its header only is read)."""
+    with open(path, "rb") as f:
+        data = np.frombuffer(mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ), dtype=np.uint8)
+    return {name for name, *_ in _gguf_tensors(data)[1]}
 
 
 def read_gguf_blocks(path: Path, config: ModelConfig) -> dict[str, QuantBlocks]:

@@ -14,11 +14,13 @@ __all__ = ["SequenceKV"]
 
 
 class SequenceKV:
-    __slots__ = ("_pool", "_table", "block_size", "num_tokens", "policy", "seq_id")
+    __slots__ = ("_pool", "_table", "block_size", "num_tokens", "pinned", "policy", "seq_id")
 
-    def __init__(self, seq_id: int, policy: KVPolicy, pool: BlockPool) -> None:
+    def __init__(self, seq_id: int, policy: KVPolicy, pool: BlockPool, *, pinned: int = 0) -> None:
         self.seq_id = seq_id
         self.policy = policy
+        # first tokens that never leave the cache: the sinks, or a longer pinned prefix
+        self.pinned = policy.pinned_tokens(pinned)
         self.block_size = pool.block_size
         self._pool = pool
         self.num_tokens = 0  # tokens appended so far; the next one has stream index num_tokens
@@ -66,9 +68,8 @@ class SequenceKV:
         if not self.policy.bounded:
             return
         bs = self.block_size
-        _, window_start = self.policy.span(self.num_tokens)  # span of the next query
-        sinks = self.policy.sinks
-        gone = [lb for lb in self._table if lb * bs >= sinks and (lb + 1) * bs <= window_start]
+        _, window_start = self.policy.span(self.num_tokens, pinned=self.pinned)  # span of the next query
+        gone = [lb for lb in self._table if lb * bs >= self.pinned and (lb + 1) * bs <= window_start]
         if gone:
             self._pool.free(self._table.pop(lb) for lb in gone)
 
@@ -86,10 +87,18 @@ class SequenceKV:
         """``(logical, physical)`` of every block held, in stream order."""
         return sorted(self._table.items())
 
+    @property
+    def evicted_tokens(self) -> int:
+        """Tokens between the pinned prefix and the window that the last token no longer saw."""
+        return self.policy.evicted(self.num_tokens, pinned=self.pinned)
+
     def release(self) -> None:
         """Return every block to the pool (the session ended)."""
         self._pool.free(self._table.values())
         self._table.clear()
 
     def __repr__(self) -> str:
-        return f"SequenceKV(seq_id={self.seq_id}, tokens={self.num_tokens}, blocks={self.num_blocks})"
+        return (
+            f"SequenceKV(seq_id={self.seq_id}, tokens={self.num_tokens}, pinned={self.pinned}, "
+            f"blocks={self.num_blocks})"
+        )

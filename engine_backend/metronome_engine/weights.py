@@ -81,6 +81,7 @@ def resolve_model_dir(model: str | os.PathLike[str]) -> Path:
     if path.is_dir() and (path / "config.json").exists():
         return path
     if path.suffix == ".gguf" and path.is_file():
+        _check_gguf(path)
         st = path.stat()
         key = hashlib.sha256(f"{path.resolve()} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()[:16]
         target = cache_dir() / "models" / f"{path.stem}-{key}"
@@ -91,6 +92,16 @@ def resolve_model_dir(model: str | os.PathLike[str]) -> Path:
         f"model={str(model)!r} is neither a known model {list(KNOWN_MODELS)}, a .gguf file, "
         "nor a folder holding a Hugging Face config.json and safetensors weights"
     )
+
+
+def _check_gguf(path: Path) -> None:
+    from .quant import gguf_tensor_names
+
+    if "rope_freqs.weight" in gguf_tensor_names(path):
+        raise ValueError(
+            f"{path} holds rope_freqs (llama.cpp's form of Llama 3's RoPE scaling), which transformers' "
+            "GGUF reader drops: the model would be wrong. Load the model's Hugging Face folder instead"
+        )
 
 
 def _convert_gguf(gguf: Path, target: Path) -> None:

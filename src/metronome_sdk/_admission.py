@@ -32,7 +32,8 @@ class MemoryGuard:
 
     ``session_blocks`` is one session's bounded footprint; ``None`` (the full policy)
     means no bound exists, so the guard can only check that a block is free *now*: it
-    cannot see the growth that will fill the pool later.
+    cannot see the growth that will fill the pool later. A session that pins its system
+    prompt holds more than that: ``admits`` counts those extra blocks too.
     """
 
     __slots__ = ("pool_blocks", "session_blocks")
@@ -52,10 +53,12 @@ class MemoryGuard:
             return None
         return self.pool_blocks // self.session_blocks
 
-    def admits(self, admitted: int, *, free_blocks: int) -> bool:
+    def admits(self, admitted: int, *, free_blocks: int, pinned_blocks: int = 0) -> bool:
+        """Whether one more session fits; ``pinned_blocks``: what the admitted sessions and
+        the new one pin beyond ``session_blocks`` each (their pinned prompts)."""
         if self.session_blocks is None:
             return free_blocks > 0
-        return (admitted + 1) * self.session_blocks <= self.pool_blocks
+        return (admitted + 1) * self.session_blocks + pinned_blocks <= self.pool_blocks
 
     def __repr__(self) -> str:
         return f"MemoryGuard(pool_blocks={self.pool_blocks}, session_blocks={self.session_blocks}, limit={self.limit})"
@@ -115,12 +118,13 @@ class AIMDAdmitter:
     def observe(self, latency: float) -> None:
         self._samples.append(latency)
 
-    def admits(self, in_flight: int, *, free_blocks: int = 1) -> bool:
-        """Whether one more session may open with ``in_flight`` already admitted."""
+    def admits(self, in_flight: int, *, free_blocks: int = 1, pinned_blocks: int = 0) -> bool:
+        """Whether one more session may open with ``in_flight`` already admitted
+        (``pinned_blocks``: see ``MemoryGuard.admits``)."""
         self._peak = max(self._peak, in_flight)
         if in_flight >= self._limit:
             return False
-        return self.guard is None or self.guard.admits(in_flight, free_blocks=free_blocks)
+        return self.guard is None or self.guard.admits(in_flight, free_blocks=free_blocks, pinned_blocks=pinned_blocks)
 
     def record_rejection(self) -> None:
         self._rejected += 1

@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -47,6 +47,7 @@ from ._exceptions import (
 )
 from ._frames import InputFrame, OutputFrame
 from ._log import get_logger
+from ._memory import ConversationMemory
 from ._metrics import EngineMetrics
 from ._stats import EngineStats, TickReport
 from ._watchdog import Verdict, judge, watch
@@ -62,13 +63,13 @@ _GROWTH_WINDOW = 64  # ticks the growth rate r is measured over
 
 
 @functools.lru_cache(maxsize=4)
-def _shared_model(model: str, device: str, path: str) -> Any:
+def _shared_model(model: str, device: str, path: str, quantize: Literal["q8_0", "q4_1"] | None = None) -> Any:
     # weights are read-only at inference: engines of the same model share them. One copy
     # per engine path ("auto" resolved first): the fused kernels pack the weights in place,
     # where the torch path cannot read them
     from metronome_engine.weights import load_model
 
-    return load_model(model, device=device)
+    return load_model(model, device=device, quantize=quantize)
 
 
 @functools.lru_cache(maxsize=4)
@@ -86,6 +87,7 @@ class _Pending:
     tokens: list[int]  # still to append
     submitted: float
     index: int
+    started: bool = False  # a chunk of it was appended: its turn has begun
 
 
 @dataclass(slots=True)
@@ -252,8 +254,8 @@ class Engine:
 
             from metronome_engine.engine import resolve_kernels
 
-            path = resolve_kernels(cfg.kernels, torch.device(cfg.device))
-            model = _shared_model(cfg.model, cfg.device, path)
+            path = resolve_kernels(cfg.kernels, torch.device(cfg.device), model=cfg.model)
+            model = _shared_model(cfg.model, cfg.device, path, cfg.quantize)
             pool = cfg.pool_size()
             self._core = EngineCore(
                 model,
@@ -284,7 +286,7 @@ class Engine:
         guard = MemoryGuard(pool_blocks=pool.num_blocks, session_blocks=bound)
         self._cost = StepCost(samples or ())
         budget, fits = self._tick_budget(), self._measured_tokens()
-        measured = None if fits is None else fits // self.admission_config.session_tokens
+        measured = None if fits is None else max(1, fits // self.admission_config.session_tokens)
         self._admitter = AIMDAdmitter(
             self.admission_config,
             deadline=self.timing.frame_deadline,
@@ -389,17 +391,32 @@ class Engine:
         sampling: SamplingParams | None = None,
         timeout: float | None = None,
         decode_tokens: int = 1,
+        pin_system_prompt: bool = True,
     ) -> Session:
         """A session on this engine, opened by ``async with`` (waits up to ``timeout`` for room)."""
         from ._session import Session
 
-        return Session(system_prompt, engine=self, sampling=sampling, timeout=timeout, decode_tokens=decode_tokens)
+        return Session(
+            system_prompt,
+            engine=self,
+            sampling=sampling,
+            timeout=timeout,
+            decode_tokens=decode_tokens,
+            pin_system_prompt=pin_system_prompt,
+        )
 
     def try_session(
-        self, system_prompt: str | None = None, *, sampling: SamplingParams | None = None, decode_tokens: int = 1
+        self,
+        system_prompt: str | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        decode_tokens: int = 1,
+        pin_system_prompt: bool = True,
     ) -> Session:
         """Open a session now or raise ``AdmissionRejected`` at once: the nowait twin of ``session()``."""
-        return self.session(system_prompt, sampling=sampling, decode_tokens=decode_tokens).open_nowait()
+        return self.session(
+            system_prompt, sampling=sampling, decode_tokens=decode_tokens, pin_system_prompt=pin_system_prompt
+        ).open_nowait()
 
     async def _open(self, session: Session, timeout: float | None) -> None:
         await self.start()
@@ -429,15 +446,44 @@ class Engine:
         if self._closed:
             raise SessionClosed("the engine is closed; no session can open on it", session_id=session.id)
         admitter = self._require_admitter()
-        if not admitter.admits(len(self._sessions), free_blocks=self._pool.num_blocks - self._pool.used_blocks):
+        prefix = self._encode_system(session)
+        memory, pinned_blocks = self._pin(session, len(prefix))
+        held = sum(s._pinned_blocks for s in self._sessions.values()) + pinned_blocks
+        free = self._pool.num_blocks - self._pool.used_blocks
+        if not admitter.admits(len(self._sessions), free_blocks=free, pinned_blocks=held):
             return False
-        session._attach(self, self._encode_system(session))
+        session._attach(self, prefix, memory, pinned_blocks)
         self._sessions[session.id] = session
         self._admitted += 1
         self.metrics.admitted.inc()
         self.metrics.sessions.set(len(self._sessions))
         session._log.info("admission.admitted", in_flight=len(self._sessions), limit=admitter.limit)
         return True
+
+    def _pin(self, session: Session, prompt_tokens: int) -> tuple[ConversationMemory, int]:
+        """The session's memory account, and the blocks its pinned prompt adds to its bound;
+        ``CacheExhausted`` when the pool could never hold that bound."""
+        core = self._require_core()
+        pinned = prompt_tokens if session._pin_system_prompt and core.policy.bounded else 0
+        memory = ConversationMemory(core.policy, prompt_tokens=prompt_tokens, pinned=pinned)
+        if not pinned or self._session_blocks is None:
+            return memory, 0
+        try:
+            bound = core.session_bound_blocks(chunk=self.timing.max_chunk_tokens, pinned=pinned)  # type: ignore[call-arg]
+        except TypeError:  # a backend without pinned prefixes: the prompt slides, and the session says so
+            session._log.warning("session.prompt_not_pinned", backend=type(core).__name__, prompt_tokens=prompt_tokens)
+            return ConversationMemory(core.policy, prompt_tokens=prompt_tokens), 0
+        assert bound is not None  # bounded policy
+        pool = self._pool.num_blocks
+        if bound > pool:
+            raise CacheExhausted(
+                f"session {session.id} pins a {pinned}-token system prompt: its bound is {bound} blocks, more than "
+                f"the pool's {pool}; shorten the prompt, pass pin_system_prompt=False, or grow the pool",
+                session_id=session.id,
+                needed_blocks=bound,
+                pool_blocks=pool,
+            )
+        return memory, bound - self._session_blocks
 
     def _reject(self, session: Session) -> AdmissionRejected:
         admitter = self._require_admitter()
@@ -624,16 +670,14 @@ class Engine:
         if fixed != "auto":
             return fixed
         measured = self._measured_tokens()
-        return measured if measured is not None else self.timing.max_chunk_tokens  # unmeasured: one chunk a tick
+        return max(1, measured) if measured is not None else self.timing.max_chunk_tokens  # unmeasured: one chunk
 
     def _measured_tokens(self) -> int | None:
         """The tokens a tick appends within ``step_share`` of the deadline, by the measured cost."""
         cost = self._cost
         if cost is None or not cost.ready:
             return None
-        fits = cost.tokens_within(self.timing.step_share * self.timing.frame_deadline)
-        # never below one step's fixed cost in tokens: a smaller tick saves little time and wastes the step
-        return max(1, fits, min(cost.step_tokens(), self.timing.max_chunk_tokens))
+        return cost.tokens_within(self.timing.step_share * self.timing.frame_deadline)
 
     def _gather(self) -> list[_Entry]:
         """This tick's chunk of every session with input, within the tick's token budget."""
@@ -653,8 +697,14 @@ class Engine:
         cost = self._cost
         step_cost = cost.step_tokens() if cost is not None and cost.ready else 0
         chunk = self.timing.max_chunk_tokens
-        self._budget_now = self._tick_budget()
-        plan = plan_tick(demands, budget=self._budget_now, max_chunk=chunk, step_cost=step_cost)
+        budget = self._tick_budget()
+        if budget is not None:
+            # a talking session's frame is never split by the budget: on a machine too slow for the deadline
+            # splitting it would only double its latency (admission keeps such sessions few)
+            beat = max((min(d.input, chunk) for d in demands if d.talking), default=0)
+            budget = max(budget, beat)
+        self._budget_now = budget
+        plan = plan_tick(demands, budget=budget, max_chunk=chunk, step_cost=step_cost)
         entries = []
         self._waiting = []
         for sid, (s, head) in heads.items():
@@ -671,7 +721,7 @@ class Engine:
             entries.append(_Entry(s, pending, tokens, taken, grant.decode > 0, decode=grant.decode))
         return entries
 
-    def _work(self, entries: list[tuple[int | None, SamplingParams | None, list[int], bool, int]]) -> _WorkResult:
+    def _work(self, entries: list[tuple[int | None, SamplingParams | None, list[int], bool, int, int]]) -> _WorkResult:
         """On the core thread: open the sequences of new sessions, run one batched step,
         then the extra decode rounds of sessions granted several tokens this tick.
 
@@ -679,9 +729,13 @@ class Engine:
         once, ``step_retries`` times: a transient fault costs one step's time, not a frame.
         """
         core = self._require_core()
-        seq_ids = [sid if sid is not None else core.add_sequence(sampling=sampling) for sid, sampling, *_ in entries]
+        seq_ids = [
+            sid if sid is not None else core.add_sequence(sampling=sampling, **({"pinned": pin} if pin else {}))
+            for sid, sampling, *_, pin in entries
+        ]
         requests = [
-            StepRequest(sid, toks, sample=finish) for sid, (_, _, toks, finish, _) in zip(seq_ids, entries, strict=True)
+            StepRequest(sid, toks, sample=finish)
+            for sid, (_, _, toks, finish, *_) in zip(seq_ids, entries, strict=True)
         ]
         t0 = time.perf_counter()
         outputs: list[StepOutput] = []
@@ -756,15 +810,28 @@ class Engine:
             e.session._in_tick = True
         self._tick_done = done_event = anyio.Event()
         try:
-            work = [(e.session._seq_id, e.session._sampling, e.tokens, e.finishes, e.decode) for e in entries]
+            work = [
+                (e.session._seq_id, e.session._sampling, e.tokens, e.finishes, e.decode, e.session._pinned)
+                for e in entries
+            ]
             job = self._worker.submit(self._work, work)
             limit = max(self.reliability.watchdog * self.timing.frame_deadline, self.reliability.watchdog_floor)
             expected = self._expected_seconds(entries)
             stuck = 0
+            cpu0 = last_cpu = self._worker.cpu_seconds()
+            last_running = 0.0
 
             def on_long(times: int, running: float) -> bool:
-                nonlocal stuck
-                if not stuck and judge(running, expected=expected, slack=self.reliability.watchdog) is Verdict.SLOW:
+                # slow or stuck: is the core thread still working (CPU time), within what its tokens take?
+                nonlocal stuck, last_cpu, last_running
+                cpu = self._worker.cpu_seconds()
+                worked = None if cpu is None or cpu0 is None else cpu - cpu0
+                recent = None if cpu is None or last_cpu is None else cpu - last_cpu
+                window, last_cpu, last_running = running - last_running, cpu, running
+                verdict = judge(
+                    worked=worked, recent=recent, window=window, expected=expected, slack=self.reliability.watchdog
+                )
+                if not stuck and verdict is Verdict.SLOW:
                     self._on_slow(entries, times, running, expected)
                     return True
                 stuck += 1
@@ -983,6 +1050,7 @@ class Engine:
                     latencies.append(latency)
                 continue
             growth += out.num_blocks - s._num_blocks
+            self._remember(s, e, out.num_tokens)
             s._num_tokens, s._num_blocks = out.num_tokens, out.num_blocks
             s._feedback = None
             del e.pending.tokens[: e.taken]
@@ -994,6 +1062,27 @@ class Engine:
                 latencies.append(self._answer(s, e.pending, decoded, tick, done))
         appended = sum(t for t, _ in result.steps)
         self._account(tick, done, entries, stalled, latencies, growth, result.step_seconds, appended)
+
+    def _remember(self, s: Session, e: _Entry, num_tokens: int) -> None:
+        """Keep the account of what the session's model still sees (docs/sessions.md): say
+        when the window drops a whole turn or the system prompt, count every token it drops."""
+        memory = s._memory
+        if memory is None:
+            return
+        if not e.pending.started and e.taken:  # a frame with input begins its turn after the fed-back token
+            memory.turn_started(s._num_tokens + len(e.tokens) - e.taken)
+        e.pending.started = True
+        lost = memory.update(num_tokens)
+        if lost.tokens:
+            self.metrics.evicted_tokens.inc(lost.tokens)
+        if lost.turns or lost.prompt:
+            s._log.info(
+                "session.evicted",
+                evicted_tokens=memory.evicted_tokens,
+                turns_lost=lost.turns,
+                oldest_resident_turn=memory.oldest_resident_turn,
+                system_prompt_resident=memory.prompt_resident,
+            )
 
     def _break(self, s: Session, e: _Entry) -> None:
         """Non-finite logits: the session's state is corrupt. The core dropped it; end the session."""

@@ -41,6 +41,11 @@ class EngineMetrics:
             ["kind"],
             registry=r,
         )
+        self.evicted_tokens = Counter(
+            "metronome_evicted_tokens_total",
+            "Conversation tokens that left sessions' windows: the model no longer sees them",
+            registry=r,
+        )
         self.sessions = Gauge("metronome_sessions", "Sessions open", registry=r)
         self.limit = Gauge("metronome_admission_limit", "The admission cap (AIMD under the memory guard)", registry=r)
         self.occupancy = Gauge("metronome_pool_occupancy", "Fraction of KV blocks in use", registry=r)

@@ -24,6 +24,7 @@ from ._engine import Engine
 from ._exceptions import MetronomeError, SessionClosed
 from ._frames import InputFrame, OutputFrame
 from ._log import get_logger
+from ._memory import ConversationMemory
 from ._stats import SessionStats
 
 if TYPE_CHECKING:
@@ -67,7 +68,10 @@ def _as_frame(frame: FrameLike) -> InputFrame:
 class Session:
     """One conversation. Open it with ``async with``; each input frame gets one output frame.
 
-    ``system_prompt`` is prefilled with the first frame. ``timeout`` is how long opening
+    ``system_prompt`` is prefilled with the first frame and, under a window policy,
+    pinned: it stays in the cache beside the sinks however long the conversation runs
+    (``pin_system_prompt=False`` lets it slide out with the window; see
+    docs/sessions.md). ``stats()`` says what the window has dropped since. ``timeout`` is how long opening
     waits for room before ``AdmissionRejected`` (default: the engine's
     ``AdmissionConfig.queue_timeout``); ``open_nowait()`` refuses at once instead.
     Outputs come back in order; a frame the engine could not serve comes back as an
@@ -91,7 +95,10 @@ class Session:
         sampling: SamplingParams | None = None,
         timeout: float | None = None,
         decode_tokens: int = 1,
+        pin_system_prompt: bool = True,
     ) -> None:
+        if not isinstance(pin_system_prompt, bool):
+            raise ValueError(f"pin_system_prompt must be True or False, got {pin_system_prompt!r}")
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a str or None, got {type(system_prompt).__name__}")
         if engine is not None and not isinstance(engine, Engine):
@@ -99,6 +106,9 @@ class Session:
         self.id = next(_ids)
         self._engine = engine
         self._system_prompt = system_prompt
+        self._pin_system_prompt = pin_system_prompt
+        self._memory: ConversationMemory | None = None  # set at admission, when the policy is known
+        self._pinned_blocks = 0  # blocks the pinned prompt adds to the session's bound (the memory guard counts them)
         self._sampling = sampling
         self._timeout = timeout
         self.decode_tokens = decode_tokens
@@ -167,11 +177,18 @@ class Session:
         engine._open_nowait(self)
         return self
 
-    def _attach(self, engine: Engine, prefix: list[int]) -> None:
+    def _attach(self, engine: Engine, prefix: list[int], memory: ConversationMemory, pinned_blocks: int) -> None:
         self._engine = engine
         self._prefix = prefix
+        self._memory = memory
+        self._pinned_blocks = pinned_blocks
         self._opened = True
         self._ready = anyio.Event()
+
+    @property
+    def _pinned(self) -> int:
+        """Tokens of the system prompt the engine keeps pinned (0: none)."""
+        return self._memory.pinned if self._memory is not None else 0
 
     async def __aenter__(self) -> Session:
         return await self.open()
@@ -271,13 +288,19 @@ class Session:
         """Say ``text`` and collect the reply until the model ends its turn or ``max_tokens``."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
-        out = await self.step(text)
-        parts = [out.text]
-        produced = len(out.tokens)
-        while not out.stop and produced < max_tokens:
-            out = await self.step()
-            parts.append(out.text)
-            produced += len(out.tokens)
+        wanted = self._decode_tokens
+        try:
+            self._decode_tokens = min(wanted, max_tokens)
+            out = await self.step(text)
+            parts = [out.text]
+            produced = len(out.tokens)
+            while not out.stop and produced < max_tokens:
+                self._decode_tokens = min(wanted, max_tokens - produced)  # never past max_tokens
+                out = await self.step()
+                parts.append(out.text)
+                produced += len(out.tokens)
+        finally:
+            self._decode_tokens = wanted
         return "".join(parts)
 
     def __aiter__(self) -> Session:
@@ -304,6 +327,7 @@ class Session:
     # observability -------------------------------------------------------------------------------
 
     def stats(self) -> SessionStats:
+        memory = self._memory
         return SessionStats(
             session_id=self.id,
             open=self._opened and not self._closed,
@@ -313,6 +337,11 @@ class Session:
             outputs_dropped=self._dropped,
             num_tokens=self._num_tokens,
             num_blocks=self._num_blocks,
+            pinned_tokens=memory.kept_prefix if memory is not None else 0,
+            evicted_tokens=memory.evicted_tokens if memory is not None else 0,
+            turns=memory.turns if memory is not None else 0,
+            oldest_resident_turn=memory.oldest_resident_turn if memory is not None else None,
+            system_prompt_resident=memory.prompt_resident if memory is not None else True,
         )
 
     def __repr__(self) -> str:

@@ -51,6 +51,15 @@ class EngineStats:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SessionStats:
+    """One session at one moment, and what its model still sees (docs/sessions.md).
+
+    ``pinned_tokens`` are the first tokens that never leave the cache (the sinks, or the
+    pinned system prompt); ``evicted_tokens`` the conversation tokens the window has
+    dropped since (0 under the full policy). Turns count from 0, one per frame that
+    carries input; ``oldest_resident_turn`` is the oldest still wholly in the cache
+    (``None`` before the first turn, or when not even the latest fits in the window).
+    """
+
     session_id: int
     open: bool
     frames: int
@@ -59,6 +68,11 @@ class SessionStats:
     num_tokens: int
     num_blocks: int
     outputs_dropped: int = 0
+    pinned_tokens: int = 0
+    evicted_tokens: int = 0
+    turns: int = 0
+    oldest_resident_turn: int | None = None
+    system_prompt_resident: bool = True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -67,6 +67,7 @@ _LLAMA3 = {
 # each family's options, as its real configs set them (Llama 3.1/3.2: llama3 RoPE; Qwen2:
 # q/k/v bias; Qwen3: q/k norm; ...), on the same tiny shape
 FAMILY_CONFIGS: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
+    "llama-untied": (LlamaConfig, {"tie_word_embeddings": False}),
     "llama3": (LlamaConfig, {"rope_scaling": _LLAMA3, "rope_theta": 500000.0, "tie_word_embeddings": False}),
     "llama-linear-rope": (LlamaConfig, {"rope_scaling": {"rope_type": "linear", "factor": 4.0}}),
     "llama-attention-bias": (LlamaConfig, {"attention_bias": True, "tie_word_embeddings": False}),
@@ -77,12 +78,12 @@ FAMILY_CONFIGS: dict[str, tuple[type[PretrainedConfig], dict[str, Any]]] = {
 }
 
 
-def tiny_family(family: str, seed: int = 0) -> PreTrainedModel:
+def tiny_family(family: str, seed: int = 0, **shape: Any) -> PreTrainedModel:
     """A tiny random model of ``family`` (a key of ``FAMILY_CONFIGS``): larger weights than
     HF's initialisation, random biases and q/k norm weights, so that every option matters."""
     cls, options = FAMILY_CONFIGS[family]
     torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(cls(**_SHAPE, **options)).eval()
+    model = AutoModelForCausalLM.from_config(cls(**(_SHAPE | shape), **options)).eval()
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("bias"):

@@ -70,7 +70,7 @@ def _merge_sinks(
         sinks=impl.sink_tokens,
         scale=impl.scale,
     )
-    merge_attn_states(output[:n], out_w, lse_w, out_s.to(out_w.dtype), lse_s)
+    merge_attn_states(output[:n], out_w, lse_w, out_s.to(out_w.dtype), lse_s)  # lse: float32 [H, T] both
 
 
 # the torch backend (CPU, or any device) ---------------------------------------------------------
@@ -93,6 +93,8 @@ class SinkWindowTorchBuilder(AttentionMetadataBuilder[SinkWindowTorchMetadata]):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.window = int(kv_cache_spec.window)
         self.dtype = vllm_config.model_config.dtype
+        heads = vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
+        self.group = max(1, heads // kv_cache_spec.num_kv_heads)
 
     def build(
         self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
@@ -110,6 +112,7 @@ class SinkWindowTorchBuilder(AttentionMetadataBuilder[SinkWindowTorchMetadata]):
             block_size=self.kv_cache_spec.block_size,
             window=self.window,
             dtype=torch.float32 if self.dtype == torch.float32 else self.dtype,
+            group=self.group,
         )
         return SinkWindowTorchMetadata(
             num_actual_tokens=n,
@@ -266,6 +269,9 @@ def _flash_backend() -> type[AttentionBackend]:
             return output
 
     class SinkWindowFlashBackend(FlashAttentionBackend):  # type: ignore[misc]
+        # the sink pass reads the cache as values: no fp8 scales applied there
+        supported_kv_cache_dtypes: ClassVar[list[Any]] = ["auto", "float16", "bfloat16"]
+
         @staticmethod
         def get_name() -> str:
             return FLASH_BACKEND_NAME

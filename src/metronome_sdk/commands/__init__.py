@@ -8,6 +8,7 @@ from .bench_cliff import BENCH_CLIFF
 from .bench_step import BENCH_STEP
 from .bench_sweep import BENCH_SWEEP
 from .demo import DEMO
+from .eval_memory import EVAL_MEMORY
 from .eval_ppl import EVAL_PPL
 from .eval_quality import EVAL_QUALITY
 from .eval_voice import EVAL_VOICE
@@ -20,6 +21,7 @@ COMMANDS: tuple[Command, ...] = (
     SERVE,
     EVAL_PPL,
     EVAL_QUALITY,
+    EVAL_MEMORY,
     EVAL_VOICE,
     BENCH_STEP,
     BENCH_CLIFF,

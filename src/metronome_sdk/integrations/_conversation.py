@@ -29,10 +29,11 @@ ROLES = ("system", "user", "assistant")
 
 @dataclass(frozen=True, slots=True)
 class ReplyPiece:
-    """Text the reply added with one token (may be empty: half of a multi-byte character)."""
+    """Text one output frame added to the reply (may be empty: half of a multi-byte character)."""
 
     text: str
-    stop: bool  # the model ended its turn with this token
+    stop: bool  # the model ended its turn in this frame
+    tokens: int  # tokens the frame carried (several when the session decodes several a tick)
 
 
 def render_turns(tokenizer: TextTokenizer, turns: Sequence[Mapping[str, str]], *, first: bool) -> list[int]:
@@ -88,7 +89,8 @@ class Conversation:
     async def reply(self, turns: Sequence[Mapping[str, str]], *, max_tokens: int) -> AsyncGenerator[ReplyPiece, None]:
         """Append ``turns`` and stream the reply until the model ends its turn or ``max_tokens``.
 
-        Raises what the session raises (``EngineStalled``, ``CacheExhausted``,
+        One piece per output frame: a token, or up to the session's ``decode_tokens``
+        (never past ``max_tokens``). Raises what the session raises (``EngineStalled``, ``CacheExhausted``,
         ``LoadShed``...); pieces yielded before the error were delivered. Breaking
         off (or being cancelled) is safe: the next reply settles first.
         """
@@ -106,19 +108,24 @@ class Conversation:
         tokens: list[int] = []
         text = ""
         frame: InputFrame | None = InputFrame.from_tokens(ids)
-        for _ in range(max_tokens):
-            out = await self._step(frame)
-            frame = None
-            tokens.extend(out.tokens)
-            # decode the whole reply so far: one token may hold half of a UTF-8 character
-            now = self._tokenizer.decode(tokens)
-            if now.endswith("\ufffd") and not out.stop:
-                yield ReplyPiece("", False)
-                continue
-            piece, text = now[len(text) :], now
-            yield ReplyPiece(piece, out.stop)
-            if out.stop:
-                return
+        wanted = self.session.decode_tokens
+        try:
+            while len(tokens) < max_tokens:
+                self.session.decode_tokens = min(wanted, max_tokens - len(tokens))  # never past max_tokens
+                out = await self._step(frame)
+                frame = None
+                tokens.extend(out.tokens)
+                # decode the whole reply so far: one token may hold half of a UTF-8 character
+                now = self._tokenizer.decode(tokens)
+                if now.endswith("\ufffd") and not out.stop:
+                    yield ReplyPiece("", False, len(out.tokens))
+                    continue
+                piece, text = now[len(text) :], now
+                yield ReplyPiece(piece, out.stop, len(out.tokens))
+                if out.stop:
+                    return
+        finally:
+            self.session.decode_tokens = wanted
 
     async def _step(self, frame: InputFrame | None) -> OutputFrame:
         self._owed += 1  # before sending: a cancel after the frame is queued still leaves it owed

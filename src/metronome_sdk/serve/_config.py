@@ -34,7 +34,9 @@ class ServeConfig:
     place under the admission cap before it is refused with 429 (0: refuse at once, and
     let the client wait the ``retry-after-ms`` it is told). ``idle_timeout``: a named
     session (``X-Metronome-Session``) with no request for that long is closed and its
-    blocks go back to the pool. ``stall_retry_after``: the wait advised with a 503 when
+    blocks go back to the pool. ``decode_tokens``: the tokens a session decodes per tick
+    (``Session.decode_tokens``; more streams text faster than one token a tick, at the
+    cost of a longer step). ``stall_retry_after``: the wait advised with a 503 when
     the engine stalled before the first token. ``model`` is the name responses carry.
     """
 
@@ -47,6 +49,7 @@ class ServeConfig:
     admission_wait: float = 0.0
     idle_timeout: float = 120.0
     stall_retry_after: float = 1.0
+    decode_tokens: int = 1
     model: str = "metronome"
 
     def __post_init__(self) -> None:
@@ -63,6 +66,7 @@ class ServeConfig:
             raise ValueError(f"max_tokens={self.max_tokens} exceeds max_tokens_limit={self.max_tokens_limit}")
         _number("admission_wait", self.admission_wait, low=0, open_low=False, hint="0 refuses at once with 429")
         _number("idle_timeout", self.idle_timeout, low=0, hint="try 120 (seconds)")
+        _count("decode_tokens", self.decode_tokens, 1, "1 decodes one token a tick, 4 suits speech")
         _number("stall_retry_after", self.stall_retry_after, low=0, hint="try 1.0 (seconds)")
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model must be a non-empty str, got {self.model!r}")
