@@ -139,6 +139,7 @@ def test_batched_attention_equals_dense_reference(layout: str, window: int, sink
         block_size=block_size,
         window=window,
         dtype=torch.float32,
+        group=HEADS // KV_HEADS,
     )
     md = SinkWindowTorchMetadata(n, qsl, seq_lens, step["table"], step["slots"], tiles)  # type: ignore[arg-type]
     out_w, lse_w = window_pass(q, cache, tiles, scale=1.0 / math.sqrt(HEAD))

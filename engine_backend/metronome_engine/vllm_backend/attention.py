@@ -49,6 +49,11 @@ def write_kv(kv_cache: Tensor, key: Tensor, value: Tensor, slot_mapping: Tensor)
     n = slot_mapping.shape[0]
     head_size = key.shape[-1]
     slots = slot_mapping.long().clamp(min=0)
+    by_slot = kv_cache.transpose(1, 2)  # [blocks, block_size, kv_heads, C]
+    if by_slot.is_contiguous():  # NHD: a slot's heads and K|V are one run, one copy writes them all
+        rows = torch.cat((key[:n], value[:n]), dim=-1).to(kv_cache.dtype)
+        by_slot.view(-1, *by_slot.shape[2:]).index_copy_(0, slots, rows)
+        return
     block, offset = slots // kv_cache.shape[2], slots % kv_cache.shape[2]
     kv_cache[block, :, offset, :head_size] = key[:n].to(kv_cache.dtype)
     kv_cache[block, :, offset, head_size:] = value[:n].to(kv_cache.dtype)
@@ -125,6 +130,8 @@ class WindowTiles:
     bias: Tensor  # [R, qt, nblk * block_size] 0 where the row's query sees the column, else -inf
     token_rows: Tensor  # [T] tile row holding each token
     qt: int
+    group: int = 1  # query heads per KV head: ``head_bias`` repeats each row for them
+    head_bias: Tensor | None = None  # [R, 1, qt * group, L]: ``bias`` laid out as the scores, built once a step
 
     @classmethod
     def build(
@@ -139,6 +146,7 @@ class WindowTiles:
         block_size: int,
         window: int,
         dtype: torch.dtype,
+        group: int = 1,
     ) -> WindowTiles:
         device = block_table.device
         qsl = query_start_loc.long()
@@ -169,7 +177,17 @@ class WindowTiles:
         req = torch.searchsorted(qsl[1:].contiguous(), t, right=True).clamp_(max=num_req - 1)
         local = t - qsl[req]
         token_rows = (first_tile[req] + local // qt) * qt + local % qt
-        return cls(blocks=blocks, query_rows=rows.reshape(-1), bias=bias, token_rows=token_rows, qt=qt)
+        rows_n, length = bias.shape[0], bias.shape[-1]
+        head_bias = bias[:, None, :, None, :].expand(rows_n, 1, qt, group, length).reshape(rows_n, 1, -1, length)
+        return cls(
+            blocks=blocks,
+            query_rows=rows.reshape(-1),
+            bias=bias,
+            token_rows=token_rows,
+            qt=qt,
+            group=group,
+            head_bias=head_bias,
+        )
 
 
 def window_pass(query: Tensor, kv_cache: Tensor, tiles: WindowTiles, *, scale: float) -> tuple[Tensor, Tensor]:
@@ -183,10 +201,20 @@ def window_pass(query: Tensor, kv_cache: Tensor, tiles: WindowTiles, *, scale: f
     q = query.index_select(0, tiles.query_rows).view(rows, qt, kv_heads, group, head_size)
     q = q.permute(0, 2, 1, 3, 4).reshape(rows, kv_heads, qt * group, head_size)
     length = tiles.bias.shape[-1]
-    bias = (
-        tiles.bias.view(rows, 1, qt, 1, length).expand(rows, 1, qt, group, length).reshape(rows, 1, qt * group, length)
+    bias = tiles.head_bias
+    if bias is None or tiles.group != group:
+        bias = tiles.bias.view(rows, 1, qt, 1, length).expand(rows, 1, qt, group, length).reshape(rows, 1, -1, length)
+    # every row sees at least its own key, so no row is empty: no guard; scale, mask and scores in one op
+    scores = torch.baddbmm(
+        bias.expand(rows, kv_heads, qt * group, length).reshape(rows * kv_heads, qt * group, length),
+        q.reshape(rows * kv_heads, qt * group, head_size),
+        keys.reshape(rows * kv_heads, length, head_size).transpose(1, 2),
+        alpha=scale,
     )
-    out, lse = _attend(q, keys, values, bias, scale)
+    lse = torch.logsumexp(scores, dim=-1)
+    probs = torch.exp(scores.sub_(lse.unsqueeze(-1)))
+    out = torch.bmm(probs.to(values.dtype), values.reshape(rows * kv_heads, length, -1))
+    out, lse = out.view(rows, kv_heads, qt * group, -1), lse.view(rows, kv_heads, qt * group)
     out = out.view(rows, kv_heads, qt, group, -1).permute(0, 2, 1, 3, 4).reshape(rows * qt, num_heads, -1)
     lse = lse.view(rows, kv_heads, qt, group).permute(0, 2, 1, 3).reshape(rows * qt, num_heads)
     return out.index_select(0, tiles.token_rows), lse.index_select(0, tiles.token_rows).t().float().contiguous()

@@ -93,6 +93,8 @@ class SinkWindowTorchBuilder(AttentionMetadataBuilder[SinkWindowTorchMetadata]):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.window = int(kv_cache_spec.window)
         self.dtype = vllm_config.model_config.dtype
+        heads = vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
+        self.group = max(1, heads // kv_cache_spec.num_kv_heads)
 
     def build(
         self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
@@ -110,6 +112,7 @@ class SinkWindowTorchBuilder(AttentionMetadataBuilder[SinkWindowTorchMetadata]):
             block_size=self.kv_cache_spec.block_size,
             window=self.window,
             dtype=torch.float32 if self.dtype == torch.float32 else self.dtype,
+            group=self.group,
         )
         return SinkWindowTorchMetadata(
             num_actual_tokens=n,

@@ -146,6 +146,7 @@ class VLLMEngineCore:
         # the backend reads vLLM's scheduler, so the engine core must live in this process
         os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
         register()
+        import vllm.envs
         from vllm import EngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.llm_engine import LLMEngine
@@ -176,6 +177,8 @@ class VLLMEngineCore:
                 "metronome_sinks": policy.sinks,
             }
         args.update(engine_args or {})
+        # vLLM caches its environment once an engine is up: let this engine see the variables set above
+        vllm.envs.disable_envs_cache()
         self._engine = LLMEngine.from_engine_args(EngineArgs(**args))
         self._core = self._engine.engine_core.engine_core
         self._scheduler = self._core.scheduler

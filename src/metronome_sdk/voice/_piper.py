@@ -102,6 +102,9 @@ class PiperTTS:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
             env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            # not in the terminal's process group: Ctrl-C stops the application, which then closes piper;
+            # if the application dies, piper reads the end of its input and exits
+            start_new_session=True,
         )
         self._buffer = b""
         return self._proc
