@@ -1,9 +1,10 @@
 """Serve voice sessions over WebRTC: open http://127.0.0.1:8080/ and press Start.
 
 Each browser that connects gets its own Session on the embedded engine (SmolLM2-135M
-with a bounded KV cache). Its speech is heard by pocketsphinx, the model answers with
-its chat template, espeak-ng speaks the answer; per-frame latency, the admission cap and
-pool occupancy stream to the page. A refused peer gets HTTP 503 with Retry-After.
+with a bounded KV cache). Its speech is heard by Whisper tiny.en (wrapped by a recognizer
+of this example's own), the model answers with its chat template, Piper's joe voice speaks
+the answer (both from the [voice] extra); per-frame latency, voice-to-voice latency, the
+admission cap and pool occupancy stream to the page. A refused peer gets HTTP 503 with Retry-After.
 
     python examples/webrtc_server.py [--port 8080]
 
@@ -19,14 +20,14 @@ import os
 import signal
 
 import metronome_sdk as metronome
-from metronome_sdk.voice import EspeakTTS, PocketSphinxSTT
+from metronome_sdk.voice import WhisperSTT
 from metronome_sdk.webrtc import ServerConfig, WebRTCServer
 
 
 class Polite:
     """A speech-to-text wrapper: any object with ``transcribe(samples, sample_rate)`` plugs in."""
 
-    def __init__(self, inner: PocketSphinxSTT) -> None:
+    def __init__(self, inner: WhisperSTT) -> None:
         self.inner = inner
 
     def transcribe(self, samples, sample_rate):  # type: ignore[no-untyped-def]
@@ -48,7 +49,7 @@ async def main(port: int) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stop.set)
     async with (
         metronome.Engine(engine_config, timing=timing) as engine,
-        WebRTCServer(engine, server_config, stt=Polite(PocketSphinxSTT()), tts=EspeakTTS(speed=160)) as server,
+        WebRTCServer(engine, server_config, stt=Polite(WhisperSTT())) as server,  # the default voice speaks
     ):
         print(f"open {server.url} and press Start (Ctrl-C stops)")
         await stop.wait()

@@ -23,6 +23,8 @@ PACKAGES = {
     "metronome_sdk.voice": "voice.md",
     "metronome_sdk.transports": "voice.md",
     "metronome_sdk.webrtc": "voice.md",
+    "metronome_sdk.serve": "integrations.md",
+    "metronome_sdk.integrations": "integrations.md",
 }
 
 

@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import enum
 import itertools
+import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import Tensor
@@ -32,17 +34,33 @@ from .quant import Quantize
 from .sampling import SamplingParams, sample
 from .sequence import SequenceKV
 
+if TYPE_CHECKING:
+    from .config import ModelConfig
+    from .kernels import Isa
+    from .kernels.choice import KernelChoice
+
 __all__ = ["EngineCore", "Kernels", "StepRequest", "StepOutput", "Stall", "PoolStats", "resolve_kernels"]
 
-# "fused": the compiled kernels (kernels/ops.cpp), which fail loudly if they cannot build;
-# "torch": plain torch ops; "auto": fused where they build (CPU, float32), else torch
+log = logging.getLogger(__name__)
+
+# "fused": the compiled kernels (kernels/ops.cpp) of one vector-unit build (isa, default
+# $METRONOME_KERNELS_ISA or native), which fail loudly if they cannot build; "torch": plain
+# torch ops; "auto": whichever of the two ran faster here (kernels/choice.py), else torch
 Kernels = Literal["auto", "fused", "torch"]
 
 
-def resolve_kernels(kernels: Kernels, device: torch.device) -> Literal["fused", "torch"]:
-    """The path an engine with this choice runs on ``device``: ``"auto"`` resolves to
-    ``"fused"`` where the kernels build. ``"fused"`` raises ``KernelBuildError`` where
-    they do not."""
+def resolve_kernels(
+    kernels: Kernels,
+    device: torch.device,
+    config: ModelConfig | None = None,
+    *,
+    model: str | os.PathLike[str] | None = None,
+) -> Literal["fused", "torch"]:
+    """The path an engine with this choice runs on ``device``: ``"auto"`` resolves to the
+    path measured fastest here for a model of ``config``'s shapes (or ``model``'s, read
+    from its folder; SmolLM2's when neither is given), timed once and cached
+    (``kernels/choice.py``). ``"fused"`` raises ``KernelBuildError`` where the kernels do
+    not build."""
     from . import kernels as fused_kernels
 
     if kernels not in ("auto", "fused", "torch"):
@@ -56,7 +74,23 @@ def resolve_kernels(kernels: Kernels, device: torch.device) -> Literal["fused", 
     if kernels == "fused":
         fused_kernels.load()
         return "fused"
-    return "fused" if fused_kernels.available() else "torch"
+    if not fused_kernels.available():
+        return "torch"
+    choice = auto_choice(config, model=model)
+    log.info("kernels.auto chose %s from %s", choice.name, json.dumps(choice.times_ms))
+    return choice.path
+
+
+def auto_choice(config: ModelConfig | None = None, *, model: str | os.PathLike[str] | None = None) -> KernelChoice:
+    """``kernels="auto"``'s measured choice for a model of these shapes (see ``resolve_kernels``)."""
+    from .config import ModelConfig
+    from .kernels.choice import choose_kernels
+
+    if config is None:
+        from .weights import DEFAULT_MODEL, read_config, resolve_model_dir
+
+        config = ModelConfig.from_hf(read_config(resolve_model_dir(model or DEFAULT_MODEL)))
+    return choose_kernels(config)
 
 
 class Stall(enum.Enum):
@@ -123,8 +157,9 @@ class EngineCore:
     Size the pool with ``num_blocks`` or a byte budget ``memory_bytes`` (one of them).
     A bounded policy is checked at construction: the pool must hold at least one
     session's bound, else ``ValueError``. ``kernels`` picks the step's path: the fused
-    CPU kernels (``"fused"``; the first fused engine packs the model's weights in place),
-    plain torch ops (``"torch"``), or fused where they build (``"auto"``).
+    CPU kernels (``"fused"``, of the vector-unit build ``isa``; where that build has AMX
+    tiles, the first fused engine packs the model's weights in place), plain torch ops
+    (``"torch"``), or whichever of the two was measured faster here (``"auto"``).
     """
 
     def __init__(
@@ -136,6 +171,7 @@ class EngineCore:
         memory_bytes: int | None = None,
         block_size: int = 16,
         kernels: Kernels = "auto",
+        isa: Isa | None = None,
     ) -> None:
         if (num_blocks is None) == (memory_bytes is None):
             raise ValueError("give exactly one of num_blocks or memory_bytes to size the block pool")
@@ -162,13 +198,60 @@ class EngineCore:
         self.bytes_per_block = bytes_per_block
         self.cache = KVCache(self.config, self.pool.num_blocks, block_size, device=self.device)
         self.view = BatchView()
-        self.fused = resolve_kernels(kernels, self.device) == "fused"
+        self.fused = resolve_kernels(kernels, self.device, model.config) == "fused"
+        self.ops: Any = None  # the fused kernels' build's torch.ops namespace
+        # regime -> whether its steps run fused, where "auto" measured different winners
+        # and both paths can read the model (no tiles): see _step_fused
+        self.regimes: dict[str, bool] | None = None
+        self._last_fused = self.fused
+        if kernels == "auto" and self.device.type == "cpu" and not model.packed:
+            self._switch_per_regime(model, isa)
         if self.fused:
-            model.pack_weights()
+            from . import kernels as fused_kernels
+
+            build = fused_kernels.get_build(isa)
+            build.load()
+            if model.packed and not build.tiles_available():
+                raise ValueError(
+                    f"this model's weights are packed in AMX tiles, which the {build.isa} build cannot read; "
+                    "load the model again for this engine"
+                )
+            self.isa: Isa | None = build.isa
+            self.ops = build.ops
+            model.pack_weights(build)
         else:
+            self.isa = None
             model.require_unpacked()
         self._seqs: dict[int, _Seq] = {}
         self._ids = itertools.count(1)
+
+    def _switch_per_regime(self, model: LlamaModel, isa: Isa | None) -> None:
+        from . import kernels as fused_kernels
+
+        build = fused_kernels.get_build(isa)
+        if not build.available() or (build.tiles_available() and model.block_source is not None):
+            return  # no fused path here, or one that packs the weights in place
+        choice = auto_choice(model.config)
+        winners = {regime: name != "torch" for regime, name in choice.fastest.items()}
+        if len(set(winners.values())) > 1:
+            self.regimes = winners
+            self.ops = build.ops
+            log.info("kernels.auto switches per regime: %s", json.dumps(choice.fastest))
+
+    def _step_fused(self, chunks: list[SeqChunk]) -> bool:
+        """Whether this step runs fused: the engine's path, or the measured winner of the
+        regime the step is nearest (a prefill chunk, or a decode step of few or many rows)."""
+        if self.regimes is None:
+            return self.fused
+        if max(ch.n_new for ch in chunks) > 1:
+            regime = "prefill_64"
+        else:
+            regime = "decode_32" if len(chunks) * len(chunks) > 32 else "decode_1"  # nearer 32 rows than 1
+        fused = self.regimes.get(regime, self.fused)
+        if self._last_fused and not fused:
+            self.view.invalidate()  # the fused steps wrote the pool, not the torch path's view
+        self._last_fused = fused
+        return fused
 
     @classmethod
     def from_pretrained(
@@ -281,10 +364,10 @@ class EngineCore:
                 raise
         return [outputs[r.seq_id] for r in requests]
 
-    def _forward(self, chunks: list[SeqChunk], ids: Tensor) -> tuple[Tensor, StepTokens]:
-        if self.fused:
+    def _forward(self, chunks: list[SeqChunk], ids: Tensor, fused: bool) -> tuple[Tensor, StepTokens]:
+        if fused:
             paged = PagedBatch.build(self.policy, chunks, device=self.device)
-            return self.model.forward_fused(ids, paged, self.cache), paged.tokens
+            return self.model.forward_fused(ids, paged, self.cache, self.ops), paged.tokens
         rows = self.view.prepare(self.cache, [ch.seq for ch in chunks])
         batch = AttentionBatch.build(
             self.policy,
@@ -299,7 +382,8 @@ class EngineCore:
 
     def _run(self, chunks: list[SeqChunk], served: list[StepRequest], outputs: dict[int, StepOutput]) -> None:
         ids = torch.tensor([t for r in served for t in r.tokens], dtype=torch.int64, device=self.device)
-        hidden, tokens = self._forward(chunks, ids)
+        fused = self._step_fused(chunks)
+        hidden, tokens = self._forward(chunks, ids, fused)
         logits = self.model.logits(hidden)
         # row of each session's last token, and its rows when it asked for all of them
         spans: list[tuple[int, int]] = []
@@ -308,7 +392,7 @@ class EngineCore:
             n_rows = ch.n_new if (req.all_logits or tokens.logit_rows is None) else 1
             spans.append((row, row + n_rows))
             row += n_rows
-        greedy, finite = self._greedy_and_finite(logits, [end - 1 for _, end in spans])
+        greedy, finite = self._greedy_and_finite(logits, [end - 1 for _, end in spans], fused)
         results: list[tuple[SeqChunk, StepRequest, int | None, Tensor | None]] = []
         faulty: list[SeqChunk] = []
         for i, (ch, req) in enumerate(zip(chunks, served, strict=True)):
@@ -338,10 +422,10 @@ class EngineCore:
             # would later see in masked columns (0 * NaN is NaN)
             self.view = BatchView()
 
-    def _greedy_and_finite(self, logits: Tensor, last_rows: list[int]) -> tuple[list[int], list[bool]]:
+    def _greedy_and_finite(self, logits: Tensor, last_rows: list[int], fused: bool) -> tuple[list[int], list[bool]]:
         """The greedy token of each session (its last row) and, per row, whether it is all finite."""
-        if self.fused:
-            best, ok = torch.ops.metronome.greedy_rows(logits)  # one pass over the logits
+        if fused:
+            best, ok = self.ops.greedy_rows(logits)  # one pass over the logits
             best_rows = best.tolist()
             return [best_rows[r] for r in last_rows], ok.tolist()
         # one call for the batch; a decode step's logits are already one row per session

@@ -21,7 +21,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -34,11 +34,10 @@ from .kv_cache import KVCache
 from .quant import QuantBlocks, pack_tiles, tile_rows
 
 if TYPE_CHECKING:
+    from .kernels import KernelBuild
     from .paged import PagedBatch
 
-__all__ = ["LlamaModel", "rope_cos_sin", "rope_inv_freq", "apply_rope", "pack_panels"]
-
-PANEL = 32  # columns per panel of a packed weight (kPanel in kernels/ops.cpp)
+__all__ = ["LlamaModel", "rope_cos_sin", "rope_inv_freq", "apply_rope"]
 
 log = logging.getLogger(__name__)
 
@@ -104,51 +103,46 @@ class LlamaModel(nn.Module):
         self.layers = nn.ModuleList(_Layer(c, q_out, kv_out) for _ in range(c.num_layers))
         self.norm = nn.Parameter(torch.ones(c.hidden_size), requires_grad=False)
         self.register_buffer("inv_freq", rope_inv_freq(c), persistent=False)
-        self.packed = False  # dense weights in the fused kernels' layout (see pack_weights)
-        self.tiles = False  # ... and that layout is blocks in AMX tiles
+        self.packed = False  # dense weights as blocks in AMX tiles (see pack_weights)
+        self.tiles = False  # the same: kept as its own name for the layout's readers
         # the weights as blocks, where the loader read them from a GGUF file or quantized them
         self.block_source: Callable[[], Mapping[str, QuantBlocks]] | None = None
         self.head_scale = self.head_offset = torch.empty(0)
-        # every layer's packed weights in decoder_layers' order, listed once by pack_weights:
-        # listing them walks 30 modules, about 0.4 ms, too much to repeat every step
-        self.fused_weights: list[Tensor] = []
+        # every layer's weights in decoder_layers' order, listed once (fused_weights): listing
+        # them walks 30 modules, about 0.4 ms, too much to repeat every step
+        self._fused_weights: list[Tensor] = []
 
-    def pack_weights(self, *, tiles: bool = True) -> None:
-        """Put the dense weights, in place, into the layout the fused kernels read. No copy
-        is kept: afterwards the model serves engines with fused kernels only. Idempotent.
-
-        With ``tiles`` (the default), where the CPU has AMX tiles and the model came from a
-        GGUF file or was quantized on load, so that its blocks reproduce its float32 weights
-        exactly, each weight becomes its
-        blocks in tiles (``quant.pack_tiles``: a fifth of the bytes). Otherwise, float32
-        panels ``[ceil(N / 32), K, 32]`` for a ``[K, N]`` weight."""
+    def pack_weights(self, build: KernelBuild | None = None, *, tiles: bool = True) -> bool:
+        """Where ``build`` (default: ``kernels.get_build()``) runs the dense layers on AMX
+        tiles and the model came from a GGUF file or was quantized on load, so that its
+        blocks reproduce its float32 weights exactly, put each dense weight, in place, into
+        its blocks in tiles (``quant.pack_tiles``: a fifth of the bytes). No copy is kept:
+        afterwards the model serves engines with fused kernels only. Otherwise (or with
+        ``tiles=False``) nothing changes: the fused kernels read the float32 weights as the
+        torch path does. Idempotent; returns whether the weights are in tiles."""
         if self.packed:
-            return
-        blocks = self._exact_blocks() if tiles else None
+            return True
+        blocks = self._exact_blocks(build) if tiles else None
+        if blocks is None:
+            return False
         with torch.no_grad():
             for i, layer in enumerate(self._layers()):
                 for name, _ in _LINEARS:
-                    if blocks is None:
-                        packed = (pack_panels(getattr(layer, name)), torch.empty(0), torch.empty(0))
-                    else:
-                        packed = pack_tiles(blocks[f"model.layers.{i}.{name}"])
-                    layer.set_packed(name, *packed)
-            if blocks is None:
-                head = pack_panels(self.lm_head.t())
-            else:
-                head, self.head_scale, self.head_offset = pack_tiles(blocks["lm_head"])
+                    layer.set_packed(name, *pack_tiles(blocks[f"model.layers.{i}.{name}"]))
+            head, self.head_scale, self.head_offset = pack_tiles(blocks["lm_head"])
             if self.config.tie_word_embeddings:
                 self.embed = nn.Parameter(head, requires_grad=False)  # rows read from the head
             self.lm_head = nn.Parameter(head, requires_grad=False)
-        self.packed, self.tiles = True, blocks is not None
-        self.fused_weights = self._list_fused_weights()
+        self.packed = self.tiles = True
+        self._fused_weights = []
+        return True
 
-    def _exact_blocks(self) -> dict[str, QuantBlocks] | None:
+    def _exact_blocks(self, build: KernelBuild | None) -> dict[str, QuantBlocks] | None:
         """Each dense layer's blocks, fused as the model fuses them, if the tiles can
         run here and every block de-quantizes to exactly the weight the model holds."""
         from . import kernels
 
-        if self.block_source is None or not kernels.tiles_available():
+        if self.block_source is None or not (build or kernels.get_build()).tiles_available():
             return None
         source = self.block_source()
         head = "lm_head.weight" if not self.config.tie_word_embeddings else "model.embed_tokens.weight"
@@ -160,11 +154,11 @@ class LlamaModel(nn.Module):
         out = {}
         for key, (names, weight) in wanted.items():
             if any(n not in source for n in names):
-                log.info("no blocks for %s: float32 panels", names[0])
+                log.info("no blocks for %s: float32 weights", names[0])
                 return None
             fused = QuantBlocks.cat([source[n] for n in names])
             if not torch.equal(fused.dequantize().t(), weight):
-                log.warning("the blocks of %s differ from the loaded weights: float32 panels", names[0])
+                log.warning("the blocks of %s differ from the loaded weights: float32 weights", names[0])
                 return None
             out[key] = fused
         return out
@@ -179,9 +173,7 @@ class LlamaModel(nn.Module):
 
     def _embed(self, input_ids: Tensor) -> Tensor:
         if self.packed and self.config.tie_word_embeddings:
-            if self.tiles:
-                return tile_rows(self.embed, self.head_scale, self.head_offset, input_ids)
-            return self.embed[input_ids // PANEL, :, input_ids % PANEL]
+            return tile_rows(self.embed, self.head_scale, self.head_offset, input_ids)
         return F.embedding(input_ids, self.embed)
 
     @torch.inference_mode()
@@ -227,10 +219,10 @@ class LlamaModel(nn.Module):
         return _rms_norm(x, self.norm, c.rms_norm_eps)
 
     @torch.inference_mode()
-    def forward_fused(self, input_ids: Tensor, batch: PagedBatch, cache: KVCache) -> Tensor:
-        """``forward`` on the fused kernels (``kernels/ops.cpp``) and packed weights
-        (``pack_weights``, which the engine runs once): all layers in one call, nine
-        kernels a layer, and attention reads each session's blocks in place in the pool."""
+    def forward_fused(self, input_ids: Tensor, batch: PagedBatch, cache: KVCache, ops: Any) -> Tensor:
+        """``forward`` on the fused kernels of one build (``ops``: ``KernelBuild.ops``,
+        ``kernels/ops.cpp``): all layers in one call, nine kernels a layer, and attention
+        reads each session's blocks in place in the pool."""
         c = self.config
         tokens = batch.tokens
         cos, sin = rope_cos_sin(self.inv_freq, tokens.positions)
@@ -238,12 +230,12 @@ class LlamaModel(nn.Module):
         if tokens.sink_positions is not None:
             sink_cos, sink_sin = rope_cos_sin(self.inv_freq, tokens.sink_positions)
         if not c.plain_layers:
-            x = self._layers_one_by_one(self._embed(input_ids), batch, cache, (cos, sin, sink_cos, sink_sin))
+            x = self._layers_one_by_one(self._embed(input_ids), batch, cache, (cos, sin, sink_cos, sink_sin), ops)
             x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
-            return cast(Tensor, torch.ops.metronome.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
-        x = torch.ops.metronome.decoder_layers(
+            return cast(Tensor, ops.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
+        x = ops.decoder_layers(
             self._embed(input_ids),
-            self.fused_weights,
+            self.fused_weights(),
             cache.k,
             cache.v,
             cos,
@@ -265,15 +257,26 @@ class LlamaModel(nn.Module):
             batch.pinned,
         )
         x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
-        return cast(Tensor, torch.ops.metronome.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
+        return cast(Tensor, ops.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
+
+    def fused_weights(self) -> list[Tensor]:
+        """Per layer, as kernels/ops.cpp's decoder_layers reads them: a norm, two dense
+        layers, a norm, two dense layers, each dense layer as (weight, scale, offset)."""
+        if not self._fused_weights:
+            self._fused_weights = self._list_fused_weights()
+        return self._fused_weights
 
     def _layers_one_by_one(
-        self, x: Tensor, batch: PagedBatch, cache: KVCache, rope: tuple[Tensor, Tensor, Tensor | None, Tensor | None]
+        self,
+        x: Tensor,
+        batch: PagedBatch,
+        cache: KVCache,
+        rope: tuple[Tensor, Tensor, Tensor | None, Tensor | None],
+        ops: Any,
     ) -> Tensor:
         """``decoder_layers``' kernels called per layer from Python, with the families' extra
         steps between them (q/k/v and o biases, q/k norms). About ten calls a layer: for a
         24-layer model a millisecond or two a step, against tens of milliseconds of weights."""
-        ops = torch.ops.metronome
         c = self.config
         tokens = batch.tokens
         cos, sin, sink_cos, sink_sin = rope
@@ -316,8 +319,6 @@ class LlamaModel(nn.Module):
         return x
 
     def _list_fused_weights(self) -> list[Tensor]:
-        # per layer, as kernels/ops.cpp's decoder_layers reads them: a norm, two dense
-        # layers, a norm, two dense layers, each dense layer as (weight, scale, offset)
         out: list[Tensor] = []
         for layer in self._layers():
             for norm, linears in ((layer.input_norm, ("qkv", "o_proj")), (layer.post_norm, ("gate_up", "down_proj"))):
@@ -332,9 +333,12 @@ class LlamaModel(nn.Module):
     @torch.inference_mode()
     def logits(self, hidden: Tensor) -> Tensor:
         if self.packed:
+            from . import kernels
+
+            # tiles are in the native build only
             return cast(
                 Tensor,
-                torch.ops.metronome.linear(
+                kernels.get_build("native").ops.linear(
                     hidden, self.lm_head, self.head_scale, self.head_offset, self.config.vocab_size, None
                 ),
             )
@@ -414,7 +418,7 @@ class _Layer(nn.Module):
         self.o_bias = optional(c.o_bias, h, 0.0)
         self.q_norm = optional(c.qk_norm, c.head_dim, 1.0)
         self.k_norm = optional(c.qk_norm, c.head_dim, 1.0)
-        # per dense layer, once packed: the tiles' scale and offset (empty for panels)
+        # per dense layer, once packed: the tiles' scale and offset (none for float32)
         self.scales: dict[str, tuple[Tensor, Tensor]] = {}
 
     def set_packed(self, name: str, weight: Tensor, scale: Tensor, offset: Tensor) -> None:
@@ -422,19 +426,13 @@ class _Layer(nn.Module):
         self.scales[name] = (scale, offset)
 
     def packed(self, name: str) -> tuple[Tensor, Tensor, Tensor]:
-        """(weight, scale, offset) of a packed dense layer, as the ``linear`` kernel takes
-        them, whichever layout it holds."""
-        scale, offset = self.scales[name]
+        """(weight, scale, offset) of a dense layer, as the ``linear`` kernel takes them,
+        whichever layout it holds (float32 ``[K, N]``: scale and offset empty)."""
+        scale, offset = self.scales.get(name, (_EMPTY, _EMPTY))
         return getattr(self, name), scale, offset
 
 
-def pack_panels(weight: Tensor) -> Tensor:
-    """``[K, N]`` -> ``[ceil(N / PANEL), K, PANEL]``, the last panel zero-padded."""
-    k, n = weight.shape
-    panels = -(-n // PANEL)
-    padded = weight.new_zeros(k, panels * PANEL)
-    padded[:, :n] = weight
-    return padded.view(k, panels, PANEL).permute(1, 0, 2).contiguous()
+_EMPTY = torch.empty(0)
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:

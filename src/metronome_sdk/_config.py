@@ -50,7 +50,8 @@ class EngineConfig:
     falls off the cliff). Size the pool with ``num_blocks`` or ``memory_bytes``; with
     neither, the pool takes 256 MiB. ``kernels`` picks the engine's CPU path: ``"auto"``
     (the fused kernels where they build, else plain torch), ``"fused"`` (fail if they
-    cannot build) or ``"torch"``.
+    cannot build) or ``"torch"``. ``quantize`` (``"q8_0"`` or ``"q4_1"``) quantizes the
+    model's weights on load, once, cached on disk (see the Models page); ``None`` keeps them.
     """
 
     model: str = "smollm2-135m-instruct"
@@ -62,6 +63,7 @@ class EngineConfig:
     block_size: int = 16
     device: str = "cpu"
     kernels: Literal["auto", "fused", "torch"] = "auto"
+    quantize: Literal["q8_0", "q4_1"] | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -81,6 +83,8 @@ class EngineConfig:
             raise ValueError(f"device must be a torch device name, got {self.device!r}; try 'cpu' or 'cuda'")
         if self.kernels not in ("auto", "fused", "torch"):
             raise ValueError(f"kernels must be 'auto', 'fused' or 'torch', got {self.kernels!r}; 'auto' is the default")
+        if self.quantize not in (None, "q8_0", "q4_1"):
+            raise ValueError(f"quantize must be 'q8_0', 'q4_1' or None, got {self.quantize!r}; None keeps the weights")
 
     def kv_policy(self) -> KVPolicy:
         if self.kv == "full":

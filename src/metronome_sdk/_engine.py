@@ -22,7 +22,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import anyio
 
@@ -63,13 +63,13 @@ _GROWTH_WINDOW = 64  # ticks the growth rate r is measured over
 
 
 @functools.lru_cache(maxsize=4)
-def _shared_model(model: str, device: str, path: str) -> Any:
+def _shared_model(model: str, device: str, path: str, quantize: Literal["q8_0", "q4_1"] | None = None) -> Any:
     # weights are read-only at inference: engines of the same model share them. One copy
     # per engine path ("auto" resolved first): the fused kernels pack the weights in place,
     # where the torch path cannot read them
     from metronome_engine.weights import load_model
 
-    return load_model(model, device=device)
+    return load_model(model, device=device, quantize=quantize)
 
 
 @functools.lru_cache(maxsize=4)
@@ -254,8 +254,8 @@ class Engine:
 
             from metronome_engine.engine import resolve_kernels
 
-            path = resolve_kernels(cfg.kernels, torch.device(cfg.device))
-            model = _shared_model(cfg.model, cfg.device, path)
+            path = resolve_kernels(cfg.kernels, torch.device(cfg.device), model=cfg.model)
+            model = _shared_model(cfg.model, cfg.device, path, cfg.quantize)
             pool = cfg.pool_size()
             self._core = EngineCore(
                 model,
@@ -286,7 +286,7 @@ class Engine:
         guard = MemoryGuard(pool_blocks=pool.num_blocks, session_blocks=bound)
         self._cost = StepCost(samples or ())
         budget, fits = self._tick_budget(), self._measured_tokens()
-        measured = None if fits is None else fits // self.admission_config.session_tokens
+        measured = None if fits is None else max(1, fits // self.admission_config.session_tokens)
         self._admitter = AIMDAdmitter(
             self.admission_config,
             deadline=self.timing.frame_deadline,
@@ -670,16 +670,14 @@ class Engine:
         if fixed != "auto":
             return fixed
         measured = self._measured_tokens()
-        return measured if measured is not None else self.timing.max_chunk_tokens  # unmeasured: one chunk a tick
+        return max(1, measured) if measured is not None else self.timing.max_chunk_tokens  # unmeasured: one chunk
 
     def _measured_tokens(self) -> int | None:
         """The tokens a tick appends within ``step_share`` of the deadline, by the measured cost."""
         cost = self._cost
         if cost is None or not cost.ready:
             return None
-        fits = cost.tokens_within(self.timing.step_share * self.timing.frame_deadline)
-        # never below one step's fixed cost in tokens: a smaller tick saves little time and wastes the step
-        return max(1, fits, min(cost.step_tokens(), self.timing.max_chunk_tokens))
+        return cost.tokens_within(self.timing.step_share * self.timing.frame_deadline)
 
     def _gather(self) -> list[_Entry]:
         """This tick's chunk of every session with input, within the tick's token budget."""
@@ -699,8 +697,14 @@ class Engine:
         cost = self._cost
         step_cost = cost.step_tokens() if cost is not None and cost.ready else 0
         chunk = self.timing.max_chunk_tokens
-        self._budget_now = self._tick_budget()
-        plan = plan_tick(demands, budget=self._budget_now, max_chunk=chunk, step_cost=step_cost)
+        budget = self._tick_budget()
+        if budget is not None:
+            # a talking session's frame is never split by the budget: on a machine too slow for the deadline
+            # splitting it would only double its latency (admission keeps such sessions few)
+            beat = max((min(d.input, chunk) for d in demands if d.talking), default=0)
+            budget = max(budget, beat)
+        self._budget_now = budget
+        plan = plan_tick(demands, budget=budget, max_chunk=chunk, step_cost=step_cost)
         entries = []
         self._waiting = []
         for sid, (s, head) in heads.items():
@@ -814,10 +818,20 @@ class Engine:
             limit = max(self.reliability.watchdog * self.timing.frame_deadline, self.reliability.watchdog_floor)
             expected = self._expected_seconds(entries)
             stuck = 0
+            cpu0 = last_cpu = self._worker.cpu_seconds()
+            last_running = 0.0
 
             def on_long(times: int, running: float) -> bool:
-                nonlocal stuck
-                if not stuck and judge(running, expected=expected, slack=self.reliability.watchdog) is Verdict.SLOW:
+                # slow or stuck: is the core thread still working (CPU time), within what its tokens take?
+                nonlocal stuck, last_cpu, last_running
+                cpu = self._worker.cpu_seconds()
+                worked = None if cpu is None or cpu0 is None else cpu - cpu0
+                recent = None if cpu is None or last_cpu is None else cpu - last_cpu
+                window, last_cpu, last_running = running - last_running, cpu, running
+                verdict = judge(
+                    worked=worked, recent=recent, window=window, expected=expected, slack=self.reliability.watchdog
+                )
+                if not stuck and verdict is Verdict.SLOW:
                     self._on_slow(entries, times, running, expected)
                     return True
                 stuck += 1

@@ -28,16 +28,29 @@ class Verdict(enum.Enum):
     STUCK = "stuck"  # far past that: answer its frames now
 
 
-def judge(running: float, *, expected: float | None, slack: float) -> Verdict:
-    """Slow or stuck, for a step that has run ``running`` seconds, past the watchdog's limit.
+_WORKING = 0.01  # of the last period: a thread that got less CPU than this is blocked, not working
 
-    ``expected`` is what the step's tokens take by the measured cost model at its slowest
-    measured rate (``None``: nothing measured). A step is stuck only once it has run
-    ``slack`` times that: a long prefill on a loaded CPU is slow, not hung.
+
+def judge(
+    *, worked: float | None, recent: float | None, window: float, expected: float | None, slack: float
+) -> Verdict:
+    """Slow or stuck, for a step that has run past the watchdog's limit.
+
+    Progress is the core thread's CPU time: ``worked`` seconds since the step began,
+    ``recent`` over the last ``window`` seconds (``None``: the platform cannot tell).
+    ``expected`` is what the step's tokens take by the measured cost model, at the slowest
+    rate measured (``None``: nothing measured). The step is slow, not stuck, while it is
+    working (it got CPU in the last period) and has not worked ``slack`` times what its
+    tokens take: a long step on a CPU shared with other work advances, a hung one does not.
+    With nothing to judge by, the limit alone decides: stuck.
     """
-    if expected is not None and running < slack * expected:
-        return Verdict.SLOW
-    return Verdict.STUCK
+    if worked is None or recent is None or expected is None:
+        return Verdict.STUCK
+    if recent < _WORKING * window:
+        return Verdict.STUCK  # blocked: waiting on something that does not come
+    if worked >= slack * expected:
+        return Verdict.STUCK  # working far longer than its tokens take here: spinning
+    return Verdict.SLOW
 
 
 async def watch(

@@ -14,6 +14,7 @@ import contextlib
 import itertools
 import queue
 import threading
+import time
 from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
@@ -99,6 +100,20 @@ class CoreThread:
     @property
     def thread(self) -> threading.Thread | None:
         return self._thread
+
+    def cpu_seconds(self) -> float | None:
+        """CPU seconds the thread has run (``None`` where the platform cannot tell).
+
+        The watchdog's sign of progress: a working step's thread accrues CPU time, a
+        blocked or hung one does not, however long either has run.
+        """
+        thread = self._thread
+        if thread is None or thread.ident is None or not hasattr(time, "pthread_getcpuclockid"):
+            return None
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(thread.ident))
+        except OSError:  # the thread has exited
+            return None
 
     def submit(self, fn: Callable[..., T], *args: Any) -> Job[T]:
         """Queue ``fn(*args)``; await ``job.done``, then ``job.outcome()``. Call from the event loop."""

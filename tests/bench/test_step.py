@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import platform
 import subprocess
 import sys
 
@@ -58,6 +59,7 @@ def test_decode_cost_counts_every_weight_once_and_each_sessions_kv() -> None:
 @pytest.mark.timeout(600)
 def test_bench_step_json_beside_hf_and_the_floor() -> None:
     cmd = [sys.executable, "-m", "metronome_sdk.cli", "bench", "step", "--batch", "1,2", "--steps", "2", "--json"]
+    cmd += ["--prefill", "64"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=580, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
@@ -69,9 +71,33 @@ def test_bench_step_json_beside_hf_and_the_floor() -> None:
         # the floor measured in turn with the steps, and the peak measured before
         assert b["floor_peak_ms"] > 0 and b["gemm_gflops"] > 0 and b["copy_gbs"] > 0
         assert b["engine_vs_floor_peak"] == pytest.approx(b["engine_ms"] / b["floor_peak_ms"])
+        assert b["honest_floor_ms"] > 0 and b["read_gbs"] > 0
     assert report["gemm_gflops"] > 0 and report["copy_gbs"] > 0
-    assert report["kernels"] == "fused"  # they build on this machine kind: the default takes them
-    assert report["weights"] in ("tiles", "panels")  # tiles where the CPU has AMX (this machine kind does)
+    # "auto" says what it chose and the times it chose from; the run is that path
+    auto = report["auto"]
+    assert auto["chosen"] in auto["times_ms"] and set(auto["fastest"]) == {"decode_1", "decode_32", "prefill_64"}
+    assert report["kernels"] == auto["path"] and report["isa"] == auto["isa"]
+    assert report["weights"] in ("tiles", "float32")
+    for b in report["batches"]:  # the torch path timed beside a fused engine
+        assert (b["torch_ms"] is not None) == (report["kernels"] == "fused")
+    [pre] = report["prefill"]
+    assert pre["chunk"] == 64 and pre["context"] == 256 and pre["engine_ms"] > 0 and pre["hf_ms"] > 0
+    assert pre["engine_tokens_per_s"] == pytest.approx(64e3 / pre["engine_ms"])
+
+
+@pytest.mark.real_model
+@pytest.mark.timeout(600)
+def test_bench_step_on_the_x86_64_v3_build_holds_every_library_to_avx2() -> None:
+    if platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the x86-64-v3 build is for x86-64 CPUs")
+    cmd = [sys.executable, "-m", "metronome_sdk.cli", "bench", "step", "--batch", "2", "--steps", "1", "--no-hf"]
+    cmd += ["--isa", "x86-64-v3", "--kernels", "fused", "--prefill", "", "--json"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=580, check=False)
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    assert report["isa"] == "x86-64-v3" and report["machine"]["torch_cpu_capability"] == "AVX2"
+    assert report["kernels"] == "fused" and report["weights"] == "float32"  # no tiles in an AVX2 build
+    assert report["batches"][0]["engine_ms"] > 0 and report["batches"][0]["torch_ms"] > 0
 
 
 @pytest.mark.real_model

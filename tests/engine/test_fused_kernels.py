@@ -4,35 +4,47 @@ The end-to-end checks (logits equal HF transformers and the dense sinks+window
 reference) run on both paths through the ``kernels`` fixture; here each op meets its
 torch reference on shapes the model tests do not reach: head sizes with and without
 a vector path, row counts that leave remainder tiles, block tables in any pool order.
+Every test here runs on each vector-unit build that this machine can run (the native
+one, and on x86-64 the x86-64-v3 one that stands for AVX2 machines).
 """
 
 from __future__ import annotations
 
 import math
+import platform
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from metronome_engine import EngineCore, KVPolicy, ModelConfig, StepRequest, kernels
-from metronome_engine.engine import resolve_kernels
-from metronome_engine.model import LlamaModel, apply_rope, pack_panels, rope_cos_sin
+from metronome_engine.engine import auto_choice, resolve_kernels
+from metronome_engine.kernels import ISAS, KernelBuild, get_build
+from metronome_engine.model import LlamaModel, apply_rope, rope_cos_sin
 
 from .tiny import VOCAB, scripted_logits, tiny_engine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-ops = torch.ops.metronome
+_BUILDS = [isa for isa in ISAS if isa == "native" or platform.machine() in ("x86_64", "AMD64")]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _built() -> None:
+@pytest.fixture(scope="module", params=_BUILDS)
+def build(request: pytest.FixtureRequest) -> KernelBuild:
     # they must build on this machine kind: a failure here is a failure, not a skip
-    kernels.load()
+    b = get_build(request.param)
+    b.load()
+    return b
 
 
-def test_rms_norm_and_silu_mul_match_torch() -> None:
+@pytest.fixture
+def ops(build: KernelBuild) -> Any:
+    return build.ops
+
+
+def test_rms_norm_and_silu_mul_match_torch(ops: Any) -> None:
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(7, 96, generator=gen) * 3
     w = torch.randn(96, generator=gen)
@@ -43,7 +55,7 @@ def test_rms_norm_and_silu_mul_match_torch() -> None:
     torch.testing.assert_close(ops.silu_mul(gu), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
 
 
-def test_greedy_rows_matches_argmax_and_flags_non_finite_rows() -> None:
+def test_greedy_rows_matches_argmax_and_flags_non_finite_rows(ops: Any) -> None:
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn(6, 1000 + 7, generator=gen)  # a vocabulary that leaves a tail
     logits[1, 1006] = 50.0  # the maximum in the tail
@@ -56,30 +68,31 @@ def test_greedy_rows_matches_argmax_and_flags_non_finite_rows() -> None:
     assert best[:3].tolist() == logits[:3].argmax(-1).tolist() and best[1] == 1006 and best[2] == 10
 
 
-@pytest.mark.parametrize("rows", [1, 3, 4, 5, 8, 13, 32, 40])
-@pytest.mark.parametrize(("k", "n"), [(64, 96), (48, 70), (576, 32)])
-def test_packed_linear_matches_mm(rows: int, k: int, n: int) -> None:
+@pytest.mark.parametrize("rows", [1, 5, 32, 40])
+@pytest.mark.parametrize(("k", "n"), [(64, 96), (48, 70)])
+def test_linear_on_float32_weights_matches_mm(ops: Any, rows: int, k: int, n: int) -> None:
     gen = torch.Generator().manual_seed(rows * 1000 + n)
     x = torch.randn(rows, k, generator=gen)
     w = torch.randn(k, n, generator=gen)
     res = torch.randn(rows, n, generator=gen)
-    packed = pack_panels(w)
-    assert packed.shape == (math.ceil(n / 32), k, 32)
-    torch.testing.assert_close(ops.packed_linear(x, packed, n, None), x @ w, rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(ops.packed_linear(x, packed, n, res), res + x @ w, rtol=1e-4, atol=1e-4)
+    empty = torch.empty(0)
+    torch.testing.assert_close(ops.linear(x, w, empty, empty, n, None), x @ w, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(ops.linear(x, w, empty, empty, n, res), res + x @ w, rtol=1e-4, atol=1e-4)
 
 
-def test_packed_linear_refuses_mismatched_shapes() -> None:
-    packed = pack_panels(torch.randn(16, 40))
+def test_linear_refuses_mismatched_shapes(ops: Any) -> None:
+    w, empty = torch.randn(16, 40), torch.empty(0)
     with pytest.raises(RuntimeError, match="columns"):
-        ops.packed_linear(torch.randn(2, 17), packed, 40, None)
-    with pytest.raises(RuntimeError, match="panels"):
-        ops.packed_linear(torch.randn(2, 16), packed, 80, None)
+        ops.linear(torch.randn(2, 17), w, empty, empty, 40, None)
+    with pytest.raises(RuntimeError, match="n = 80"):
+        ops.linear(torch.randn(2, 16), w, empty, empty, 80, None)
     with pytest.raises(RuntimeError, match="float32"):
-        ops.packed_linear(torch.randn(2, 16, dtype=torch.float64), packed, 40, None)
+        ops.linear(torch.randn(2, 16, dtype=torch.float64), w, empty, empty, 40, None)
+    with pytest.raises(RuntimeError, match="residual"):
+        ops.linear(torch.randn(2, 16), w, empty, empty, 40, torch.randn(3, 40))
 
 
-def test_rope_store_rotates_and_writes_the_pool() -> None:
+def test_rope_store_rotates_and_writes_the_pool(ops: Any) -> None:
     gen = torch.Generator().manual_seed(1)
     heads, kvh, hd, t = 6, 2, 16, 5
     qkv = torch.randn(t, (heads + 2 * kvh) * hd, generator=gen)
@@ -142,7 +155,7 @@ def _attention_reference(
 @pytest.mark.parametrize("hd", [16, 64, 24])  # 24: no vector path, the plain loops
 @pytest.mark.parametrize(("window", "sinks"), [(0, 0), (9, 0), (9, 3), (20, 5)])
 @pytest.mark.parametrize("group", [1, 3])
-def test_paged_attention_matches_a_dense_reference(hd: int, window: int, sinks: int, group: int) -> None:
+def test_paged_attention_matches_a_dense_reference(ops: Any, hd: int, window: int, sinks: int, group: int) -> None:
     gen = torch.Generator().manual_seed(hd * 100 + window * 10 + sinks + group)
     bs, kvh = 4, 2
     heads = kvh * group
@@ -192,7 +205,7 @@ def test_paged_attention_matches_a_dense_reference(hd: int, window: int, sinks: 
     torch.testing.assert_close(got, ref, rtol=1e-4, atol=1e-5)
 
 
-def test_paged_attention_carries_a_nan_to_its_own_session_only() -> None:
+def test_paged_attention_carries_a_nan_to_its_own_session_only(ops: Any) -> None:
     kvh, hd, bs = 1, 64, 4
     k_cache, v_cache = torch.randn(kvh, 8 * bs, hd), torch.randn(kvh, 8 * bs, hd)
     k_cache[0, 5] = float("nan")  # block 1, held by session 0
@@ -216,7 +229,7 @@ def test_paged_attention_carries_a_nan_to_its_own_session_only() -> None:
     assert out[0].isnan().all() and out[1].isfinite().all()
 
 
-def test_paged_attention_refuses_a_block_outside_the_pool() -> None:
+def test_paged_attention_refuses_a_block_outside_the_pool(ops: Any) -> None:
     kv = torch.randn(1, 8, 16)
     with pytest.raises(RuntimeError, match="out of the pool"):
         ops.paged_attention(
@@ -256,34 +269,29 @@ def _smollm2_shaped(seed: int) -> LlamaModel:
 
 
 @pytest.mark.parametrize("policy", [KVPolicy.full(), KVPolicy.windowed(12, sinks=4)])
-def test_fused_engine_equals_the_torch_engine_on_smollm2s_head_layout(policy: KVPolicy) -> None:
+def test_fused_engine_equals_the_torch_engine_on_smollm2s_head_layout(build: KernelBuild, policy: KVPolicy) -> None:
     logits = {}
     for path in ("torch", "fused"):
-        engine = EngineCore(_smollm2_shaped(3), policy=policy, num_blocks=96, block_size=16, kernels=path)
+        engine = EngineCore(
+            _smollm2_shaped(3), policy=policy, num_blocks=96, block_size=16, kernels=path, isa=build.isa
+        )
+        assert engine.isa == (build.isa if path == "fused" else None)
         logits[path] = scripted_logits(engine)
     ref = logits["torch"]
     assert float((logits["fused"] - ref).abs().max() / ref.abs().max()) < 1e-4
 
 
-def test_packing_is_in_place_once_and_the_torch_path_then_refuses() -> None:
-    engine = tiny_engine(KVPolicy.full(), kernels="fused")
-    model = engine.model
-    assert model.packed
-    embed_rows = model._embed(torch.tensor([0, 5, VOCAB - 1]))
-    assert embed_rows.shape == (3, model.config.hidden_size)
-    model.pack_weights()  # idempotent
-    with pytest.raises(ValueError, match="packed"):
-        EngineCore(model, policy=KVPolicy.full(), num_blocks=8, kernels="torch")
-
-
-def test_packed_embedding_rows_equal_the_original_ones() -> None:
+def test_without_tiles_the_fused_and_torch_engines_share_one_model(build: KernelBuild) -> None:
+    # float32 weights stay as loaded: no packed copy, and a torch engine can serve the model too
     model = _smollm2_shaped(5)
-    ids = torch.tensor([0, 31, 32, 63, VOCAB - 1])
-    before = F.embedding(ids, model.embed).clone()
-    logits_before = model.logits(torch.ones(2, model.config.hidden_size))
-    model.pack_weights()
-    torch.testing.assert_close(model._embed(ids), before, rtol=0, atol=0)
-    torch.testing.assert_close(model.logits(torch.ones(2, model.config.hidden_size)), logits_before)
+    before = [p.data_ptr() for p in model.parameters()]
+    fused = EngineCore(model, policy=KVPolicy.full(), num_blocks=16, kernels="fused", isa=build.isa)
+    plain = EngineCore(model, policy=KVPolicy.full(), num_blocks=16, kernels="torch")
+    assert not model.packed and [p.data_ptr() for p in model.parameters()] == before
+    a = fused.step([StepRequest(fused.add_sequence(), [1, 2, 3], return_logits=True)])[0].logits
+    b = plain.step([StepRequest(plain.add_sequence(), [1, 2, 3], return_logits=True)])[0].logits
+    assert a is not None and b is not None
+    assert float((a - b).abs().max() / b.abs().max()) < 1e-4
 
 
 def test_unknown_kernels_value_names_the_choices() -> None:
@@ -292,7 +300,7 @@ def test_unknown_kernels_value_names_the_choices() -> None:
 
 
 def test_where_the_kernels_cannot_build_auto_runs_torch_and_fused_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setitem(kernels._state, "result", RuntimeError("g++: command not found"))
+    monkeypatch.setattr(get_build(), "_result", RuntimeError("g++: command not found"))
     engine = tiny_engine(KVPolicy.full(), kernels="auto")
     assert not engine.fused and not engine.model.packed
     out = engine.step([StepRequest(engine.add_sequence(), [1, 2, 3])])[0]
@@ -301,21 +309,39 @@ def test_where_the_kernels_cannot_build_auto_runs_torch_and_fused_says_why(monke
         tiny_engine(KVPolicy.full(), kernels="fused")
 
 
-def test_an_edited_kernel_source_builds_into_a_new_folder(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+def test_an_edited_kernel_source_builds_into_a_new_folder(
+    build: KernelBuild, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     # a stale library must never be loaded for a changed source: the cache key covers it
-    before = kernels.build_dir()
+    before = build.build_dir()
     edited = tmp_path / "ops.cpp"
     edited.write_bytes(kernels._SOURCES[0].read_bytes() + b"\n// edited\n")
     monkeypatch.setattr(kernels, "_SOURCES", [edited, *kernels._SOURCES[1:]])
-    assert kernels.build_dir() != before and kernels.build_dir().parent == before.parent
+    assert build.build_dir() != before and build.build_dir().parent == before.parent
+
+
+def test_each_build_has_its_own_folder_and_op_namespace() -> None:
+    builds = [get_build(isa) for isa in ISAS]
+    assert len({b.build_dir() for b in builds}) == len({b.namespace for b in builds}) == len(ISAS)
+    assert get_build("native").namespace == "metronome"
+
+
+def test_the_isa_variable_picks_the_default_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(kernels.ISA_ENV, "x86-64-v3")
+    assert kernels.default_isa() == "x86-64-v3" and get_build().isa == "x86-64-v3"
+    monkeypatch.setenv(kernels.ISA_ENV, "avx9")
+    with pytest.raises(ValueError, match="METRONOME_KERNELS_ISA must be one of native, x86-64-v3"):
+        get_build()
 
 
 def test_resolve_kernels_names_the_path_an_engine_runs(monkeypatch: pytest.MonkeyPatch) -> None:
     cpu = torch.device("cpu")
     assert resolve_kernels("torch", cpu) == "torch"
-    assert resolve_kernels("auto", cpu) == resolve_kernels("fused", cpu) == "fused"
+    assert resolve_kernels("fused", cpu) == "fused"
+    config = _smollm2_shaped(0).config
+    assert resolve_kernels("auto", cpu, config) == auto_choice(config).path
     assert resolve_kernels("auto", torch.device("meta")) == "torch"
     with pytest.raises(ValueError, match="CPU only"):
         resolve_kernels("fused", torch.device("meta"))
-    monkeypatch.setitem(kernels._state, "result", RuntimeError("g++: command not found"))
-    assert resolve_kernels("auto", cpu) == "torch"
+    monkeypatch.setattr(get_build(), "_result", RuntimeError("g++: command not found"))
+    assert resolve_kernels("auto", cpu, config) == "torch"

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 
@@ -18,17 +20,20 @@ def model():  # type: ignore[no-untyped-def]
     return load_model(DEFAULT_MODEL)
 
 
-@pytest.mark.parametrize("layout", ["torch", "panels", "tiles"])
+@pytest.mark.parametrize("layout", ["torch", "float32", "tiles", "x86-64-v3"])
 def test_logits_match_hf_transformers_for_a_batch_of_sessions(layout: str) -> None:
-    """The torch path, and the fused kernels on float32 panels and on AMX tiles."""
+    """The torch path, and the fused kernels on float32 weights (native build), on AMX
+    tiles, and in the x86-64-v3 build (float32 weights: what AVX2 machines run)."""
     from transformers import LlamaForCausalLM
 
     model = load_model(DEFAULT_MODEL)  # its own copy: the fused engine packs the weights in place
-    if layout != "torch":
-        if layout == "tiles" and not fused_kernels.tiles_available():
-            pytest.skip("this CPU (or OS) offers no AMX tiles")
-        model.pack_weights(tiles=layout == "tiles")
-        assert model.tiles == (layout == "tiles")
+    isa = "x86-64-v3" if layout == "x86-64-v3" else "native"
+    if layout == "x86-64-v3" and platform.machine() not in ("x86_64", "AMD64"):
+        pytest.skip("the x86-64-v3 build is for x86-64 CPUs")
+    if layout == "tiles" and not fused_kernels.get_build("native").tiles_available():
+        pytest.skip("this CPU (or OS) offers no AMX tiles")
+    if layout in ("float32", "tiles"):
+        assert model.pack_weights(fused_kernels.get_build("native"), tiles=layout == "tiles") == (layout == "tiles")
 
     hf = LlamaForCausalLM.from_pretrained(str(resolve_model_dir(DEFAULT_MODEL)), dtype=torch.float32)
     hf.train(False)
@@ -39,7 +44,9 @@ def test_logits_match_hf_transformers_for_a_batch_of_sessions(layout: str) -> No
         "def fibonacci(n):\n    if n < 2:\n        return n\n",
     ]
     streams = [tok.encode(t) for t in texts]
-    engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=64, kernels="torch" if layout == "torch" else "fused")
+    engine = EngineCore(
+        model, policy=KVPolicy.full(), num_blocks=64, kernels="torch" if layout == "torch" else "fused", isa=isa
+    )
     seqs = [engine.add_sequence() for _ in streams]
     # chunked prefill of all but the last 3 tokens, then 3 decode steps
     outs = engine.step([StepRequest(s, t[:-3], all_logits=True) for s, t in zip(seqs, streams, strict=True)])

@@ -1,8 +1,10 @@
 """A slowed backend: the tiny model behind ``EngineBackend``, with a step that costs time per token.
 
 It stands for a slow machine (the issue's AVX2 CPU prefilled 8-12 tokens a second) without
-a monkeypatch: the engine serves it as it would any backend. Sleeps are lower bounds, so a
-loaded test machine makes it slower, never faster.
+a monkeypatch: the engine serves it as it would any backend. The extra time is spent working
+(small matrix products, the GIL released, as a real step's), not asleep: the watchdog tells a
+working step from a blocked one by its thread's CPU time. The time is a lower bound, so a
+loaded test machine makes a step slower, never faster.
 """
 
 from __future__ import annotations
@@ -10,8 +12,19 @@ from __future__ import annotations
 import time
 from collections.abc import Sequence
 
+import torch
+
 from metronome_engine import EngineCore, KVPolicy, ModelConfig, PoolStats, SamplingParams, StepOutput, StepRequest
 from tests.engine.tiny import tiny_engine
+
+_A = torch.ones(32, 32)
+
+
+def busy(seconds: float) -> None:
+    """Work (not sleep) for ``seconds`` of wall time."""
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        _A @ _A
 
 
 class SlowedBackend:
@@ -42,7 +55,7 @@ class SlowedBackend:
     def step(self, requests: Sequence[StepRequest]) -> list[StepOutput]:
         tokens = sum(len(r.tokens) for r in requests)
         self.steps.append(tokens)
-        time.sleep(self.fixed + self.per_token * tokens)
+        busy(self.fixed + self.per_token * tokens)
         return self.inner.step(requests)
 
     def pool_stats(self) -> PoolStats:

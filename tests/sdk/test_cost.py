@@ -12,6 +12,7 @@ from metronome_engine import KVPolicy
 from metronome_sdk._calibrate import calibrate
 from metronome_sdk._cost import StepCost
 from metronome_sdk._watchdog import Verdict, judge
+from metronome_sdk._worker import CoreThread
 from tests.sdk.slowed import SlowedBackend
 
 pytestmark = pytest.mark.timeout(60)
@@ -78,6 +79,25 @@ def test_the_calibration_skips_steps_the_pool_cannot_take() -> None:
 
 
 def test_slow_or_stuck() -> None:
-    assert judge(2.0, expected=1.0, slack=4.0) is Verdict.SLOW
-    assert judge(4.0, expected=1.0, slack=4.0) is Verdict.STUCK
-    assert judge(0.1, expected=None, slack=4.0) is Verdict.STUCK  # nothing measured: the limit alone decides
+    # working (CPU time in the last period), within four times what its tokens take: slow
+    assert judge(worked=2.0, recent=0.5, window=1.0, expected=1.0, slack=4.0) is Verdict.SLOW
+    # working on a shared CPU: a little CPU each period is still progress
+    assert judge(worked=0.3, recent=0.05, window=1.0, expected=1.0, slack=4.0) is Verdict.SLOW
+    # worked four times what its tokens take: spinning
+    assert judge(worked=4.0, recent=1.0, window=1.0, expected=1.0, slack=4.0) is Verdict.STUCK
+    # no CPU time in the last period: blocked, however little it has run
+    assert judge(worked=0.5, recent=0.0, window=1.0, expected=1.0, slack=4.0) is Verdict.STUCK
+    # nothing measured, or no CPU clock: the limit alone decides
+    assert judge(worked=0.5, recent=0.5, window=1.0, expected=None, slack=4.0) is Verdict.STUCK
+    assert judge(worked=None, recent=None, window=1.0, expected=1.0, slack=4.0) is Verdict.STUCK
+
+
+async def test_the_core_thread_reports_its_cpu_time() -> None:
+    worker = CoreThread()
+    assert worker.cpu_seconds() is None  # no thread yet
+    await worker.call(lambda: None)
+    idle = worker.cpu_seconds()
+    await worker.call(lambda: sum(range(200_000)))  # work: its CPU time advances
+    busy = worker.cpu_seconds()
+    await worker.aclose()
+    assert idle is not None and busy is not None and busy > idle

@@ -198,3 +198,16 @@ def test_decode_tokens_is_checked() -> None:
         s.decode_tokens = 65
     s.decode_tokens = 8
     assert s.decode_tokens == 8
+
+
+async def test_chat_with_several_tokens_a_frame_says_the_same_in_fewer_frames() -> None:
+    one, many = make_engine(), make_engine()
+    async with one, one.session() as a:
+        slow = await a.chat("hello", max_tokens=7)
+        frames_one = a.stats().frames
+    async with many, many.session(decode_tokens=3) as b:
+        fast = await b.chat("hello", max_tokens=7)
+        frames_many = b.stats().frames
+        assert b.decode_tokens == 3  # chat trimmed the last frame to max_tokens, then put it back
+    assert fast == slow  # greedy: the same reply, never past max_tokens
+    assert frames_many < frames_one or frames_one == 1

@@ -136,6 +136,16 @@ async def test_a_named_session_lives_between_requests_and_closes_when_idle(engin
         assert engine.stats().sessions == 0 and engine.stats().used_blocks == 0
 
 
+async def test_deleting_a_named_session_closes_it_at_once(engine: Engine) -> None:
+    async with await serving(engine) as server, client(server) as c:
+        await c.chat.completions.create(model="any", messages=USER, max_tokens=2, extra_body={"metronome_session": "k"})
+        assert engine.stats().sessions == 1
+        async with httpx2.AsyncClient() as http:
+            assert (await http.delete(f"{server.url}/sessions/k")).status_code == 200
+            assert (await http.delete(f"{server.url}/sessions/k")).status_code == 404
+    assert server.named_sessions == 0 and engine.stats().used_blocks == 0
+
+
 async def test_a_newer_request_on_a_session_interrupts_its_reply_with_an_error_event(engine: Engine) -> None:
     key = {"X-Metronome-Session": "barge"}
     async with await serving(engine, max_tokens_limit=500) as server, client(server) as c:
@@ -249,3 +259,17 @@ async def test_a_reply_says_what_the_window_has_dropped() -> None:
     evicted = [int(h["x-metronome-evicted-tokens"]) for h in headers]
     assert evicted == sorted(evicted) and evicted[-1] > 0  # a window of 8 tokens: the turns slide out
     assert all(h["x-metronome-system-prompt-resident"] == "true" for h in headers)  # the prompt is pinned
+
+
+def test_the_docs_table_is_the_error_mapping() -> None:
+    from pathlib import Path
+
+    from metronome_sdk.integrations._errors import rows
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "integrations.md").read_text(encoding="utf-8")
+    documented = [line for line in page.splitlines() if line.startswith("| `")]
+    expected = [
+        f"| `{r.exception}` | {r.status} | `{r.openai_type}` | {str(r.retryable).lower()} | `{r.pipecat}` |"
+        for _, r in rows()
+    ]
+    assert [line[: len(e)] for line, e in zip(documented, expected, strict=True)] == expected

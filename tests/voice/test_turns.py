@@ -21,7 +21,7 @@ from metronome_sdk.voice._audio import resample
 from tests.sdk.conftest import make_engine
 from tests.webrtc.conftest import FixedSTT, ToneTTS, speak
 
-pytestmark = pytest.mark.timeout(90)
+pytestmark = pytest.mark.timeout(180)
 RATE = 16000
 PROMPTS = ("What is the capital of France?", "Tell me a short story about a dog.", "How far away is the moon?")
 

@@ -57,10 +57,14 @@ def speak(text: str, *, voice: str = "piper") -> tuple[npt.NDArray[np.int16], in
         return tts.synthesize(text)
 
 
-def speech_wav(path: Path, text: str = QUESTION, *, silence: float = 1.5, voice: str = "piper") -> Path:
-    """A recording of ``text`` followed by ``silence`` seconds of quiet (a turn's end; 0 for none)."""
+def speech_wav(
+    path: Path, text: str = QUESTION, *, silence: float = 1.5, lead: float = 0.0, voice: str = "piper"
+) -> Path:
+    """A recording of ``text`` after ``lead`` and before ``silence`` seconds of quiet (a turn's end; 0 for none)."""
     pcm, rate = speak(text, voice=voice)
-    pcm = np.concatenate([pcm, np.zeros(round(silence * rate), dtype=np.int16)])
+    pcm = np.concatenate(
+        [np.zeros(round(lead * rate), dtype=np.int16), pcm, np.zeros(round(silence * rate), dtype=np.int16)]
+    )
     with wave.open(str(path), "wb") as out:
         out.setnchannels(1)
         out.setsampwidth(2)

@@ -1,11 +1,19 @@
 """Fused CPU kernels for the engine's step, compiled on first use and cached on disk.
 
 ``ops.cpp`` and ``tiles.cpp`` (the dense layers on AMX tiles, where the CPU has them) are
-built with the machine's own vector unit (``-march=native``) into
-``$METRONOME_CACHE/kernels/<key>/``, where the key covers the sources, the torch build and
-the CPU, so a later start loads the built library in well under a second. Loading
-registers the ops under ``torch.ops.metronome``. ``python -m metronome_engine.kernels``
-builds them ahead of time (the Makefile's set-up does).
+built once per *vector-unit build* (``Isa``):
+
+- ``"native"``: ``-march=native``, the machine's own vector unit (AVX-512 and AMX tiles
+  where it has them); ops under ``torch.ops.metronome``;
+- ``"x86-64-v3"``: AVX2 + FMA only, what every x86-64 machine of the last decade runs;
+  built on any such machine (AVX-512 ones too) so that its figures and its tests can be
+  had anywhere; ops under ``torch.ops.metronome_x86_64_v3``.
+
+Each build lives in ``$METRONOME_CACHE/kernels/<key>/``, where the key covers the sources,
+the flags, the torch build and the CPU, so a later start loads it in well under a second.
+The two builds register different op namespaces, so one process can load both (the tests
+do). ``METRONOME_KERNELS_ISA`` picks the build an engine uses (default ``native``).
+``python -m metronome_engine.kernels [ISA ...]`` builds them ahead of time.
 """
 
 from __future__ import annotations
@@ -15,21 +23,45 @@ import logging
 import os
 import platform
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, Literal, get_args
 
 import torch
 
-__all__ = ["KernelBuildError", "available", "load", "tiles_available"]
+__all__ = [
+    "ISA_ENV",
+    "Isa",
+    "KernelBuild",
+    "KernelBuildError",
+    "available",
+    "build_dir",
+    "default_isa",
+    "get_build",
+    "load",
+    "tiles_available",
+]
 
 log = logging.getLogger(__name__)
 
+Isa = Literal["native", "x86-64-v3"]
+ISAS: tuple[Isa, ...] = get_args(Isa)
+ISA_ENV = "METRONOME_KERNELS_ISA"
+
 _SOURCES = [Path(__file__).with_name(name) for name in ("ops.cpp", "tiles.cpp", "tiles.h", "checks.h")]
-_lock = threading.Lock()
-_state: dict[str, BaseException | bool] = {}
+_X86 = ("x86_64", "AMD64")
 
 
 class KernelBuildError(RuntimeError):
     """The fused kernels could not be compiled or loaded here (no compiler, no ninja, ...)."""
+
+
+def default_isa() -> Isa:
+    """The build engines use: ``$METRONOME_KERNELS_ISA`` or ``"native"``."""
+    isa = os.environ.get(ISA_ENV) or "native"
+    if isa not in ISAS:
+        raise ValueError(f"{ISA_ENV} must be one of {', '.join(ISAS)}, got {isa!r}")
+    return isa
 
 
 def _cpu_flags() -> str:
@@ -42,54 +74,131 @@ def _cpu_flags() -> str:
     return platform.processor()
 
 
-def _cflags() -> list[str]:
-    # no -ffast-math: NaN must survive, the engine's fault check looks for it
-    flags = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math"]
-    if platform.machine() in ("x86_64", "AMD64"):
-        # GCC keeps to 256-bit vectors on some AVX-512 parts unless told; the kernels want 512
-        flags += ["-march=native", "-mprefer-vector-width=512"]
-    else:
-        flags.append("-mcpu=native")
-    return flags
+@dataclass(eq=False)
+class KernelBuild:
+    """One vector-unit build of the kernels: its flags, cache folder and op namespace."""
+
+    isa: Isa
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _result: BaseException | bool | None = field(default=None, repr=False)
+
+    @property
+    def namespace(self) -> str:
+        return "metronome" if self.isa == "native" else "metronome_" + self.isa.replace("-", "_")
+
+    @property
+    def ops(self) -> Any:
+        """``torch.ops.<namespace>``: this build's ops (after ``load``)."""
+        return getattr(torch.ops, self.namespace)
+
+    def cflags(self) -> list[str]:
+        # no -ffast-math: NaN must survive, the engine's fault check looks for it.
+        # hidden symbols: both builds' C++ functions share names and live in one process
+        flags = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fvisibility=hidden"]
+        flags.append(f"-DMETRONOME_OPS={self.namespace}")
+        if self.isa == "x86-64-v3":
+            flags.append("-march=x86-64-v3")
+        elif platform.machine() in _X86:
+            # GCC keeps to 256-bit vectors on some AVX-512 parts unless told; the kernels want 512
+            flags += ["-march=native", "-mprefer-vector-width=512"]
+        else:
+            flags.append("-mcpu=native")
+        return flags
+
+    def build_dir(self) -> Path:
+        from ..weights import cache_dir
+
+        key = hashlib.sha256()
+        parts: list[bytes] = [src.read_bytes() for src in _SOURCES]
+        parts += [torch.__version__.encode(), _cpu_flags().encode(), " ".join(self.cflags()).encode()]
+        for part in parts:
+            key.update(part)
+        return cache_dir() / "kernels" / key.hexdigest()[:16]
+
+    def load(self) -> None:
+        """Build (once per machine) and load; ``KernelBuildError`` says why not."""
+        with self._lock:
+            if self._result is True:
+                return
+            if isinstance(self._result, BaseException):
+                raise KernelBuildError(str(self._result)) from self._result
+            try:
+                self._build_and_load()
+            except Exception as exc:  # a missing compiler surfaces as many different errors
+                self._result = exc
+                raise KernelBuildError(f"the fused CPU kernels ({self.isa}) did not build: {exc}") from exc
+            self._result = True
+
+    def available(self) -> bool:
+        """Whether this build loads here (building it if needed); never raises."""
+        tried = self._result is not None
+        try:
+            self.load()
+        except KernelBuildError as exc:
+            if not tried:  # once per process, not once per engine
+                log.warning("fused CPU kernels (%s) unavailable: %s", self.isa, exc)
+            return False
+        return True
+
+    def tiles_available(self) -> bool:
+        """Whether the dense layers can run on the CPU's matrix tiles (AMX): this build
+        loads, was built with them, and the OS lets this process use them. Never raises."""
+        return self.available() and bool(self.ops.tiles_ready())
+
+    def _build_and_load(self) -> None:
+        from torch.utils import cpp_extension
+
+        machine = platform.machine()
+        if machine not in (*_X86, "aarch64", "arm64"):
+            raise RuntimeError(f"no kernel build for {machine}")
+        if self.isa == "x86-64-v3":
+            if machine not in _X86:
+                raise RuntimeError(f"the x86-64-v3 build needs an x86-64 CPU, this one is {machine}")
+            flags = _cpu_flags().split()
+            if not {"avx2", "fma", "f16c", "bmi2"} <= set(flags):
+                raise RuntimeError("this CPU lacks AVX2/FMA: it cannot run the x86-64-v3 build")
+        _put_ninja_on_path()
+        target = self.build_dir()
+        target.mkdir(parents=True, exist_ok=True)
+        cpp_extension.load(
+            name=f"{self.namespace}_kernels",
+            sources=[str(src) for src in _SOURCES if src.suffix == ".cpp"],
+            extra_cflags=self.cflags(),
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(target),
+            is_python_module=False,
+            verbose=False,
+        )
+
+
+_builds = {isa: KernelBuild(isa) for isa in ISAS}
+
+
+def get_build(isa: Isa | None = None) -> KernelBuild:
+    """The build for ``isa`` (default: ``default_isa()``); one object per process."""
+    isa = isa or default_isa()
+    if isa not in _builds:
+        raise ValueError(f"isa must be one of {', '.join(ISAS)}, got {isa!r}")
+    return _builds[isa]
 
 
 def build_dir() -> Path:
-    from ..weights import cache_dir
-
-    key = hashlib.sha256()
-    parts: list[bytes] = [src.read_bytes() for src in _SOURCES]
-    parts += [torch.__version__.encode(), _cpu_flags().encode(), " ".join(_cflags()).encode()]
-    for part in parts:
-        key.update(part)
-    return cache_dir() / "kernels" / key.hexdigest()[:16]
+    return get_build().build_dir()
 
 
 def load() -> None:
-    """Build (once per machine) and load the kernels; ``KernelBuildError`` says why not."""
-    with _lock:
-        done = _state.get("result")
-        if done is True:
-            return
-        if isinstance(done, BaseException):
-            raise KernelBuildError(str(done)) from done
-        try:
-            _build_and_load()
-        except Exception as exc:  # a missing compiler surfaces as many different errors
-            _state["result"] = exc
-            raise KernelBuildError(f"the fused CPU kernels did not build: {exc}") from exc
-        _state["result"] = True
+    """Build and load the default build (``default_isa``); ``KernelBuildError`` says why not."""
+    get_build().load()
 
 
 def available() -> bool:
-    """Whether the kernels load here (building them if needed); never raises."""
-    tried = "result" in _state
-    try:
-        load()
-    except KernelBuildError as exc:
-        if not tried:  # once per process, not once per engine
-            log.warning("fused CPU kernels unavailable, using the torch path: %s", exc)
-        return False
-    return True
+    """Whether the default build loads here; never raises."""
+    return get_build().available()
+
+
+def tiles_available() -> bool:
+    """Whether the default build runs the dense layers on AMX tiles here; never raises."""
+    return get_build().tiles_available()
 
 
 def _put_ninja_on_path() -> None:
@@ -102,28 +211,3 @@ def _put_ninja_on_path() -> None:
     path = os.environ.get("PATH", "")
     if ninja.BIN_DIR not in path.split(os.pathsep):
         os.environ["PATH"] = ninja.BIN_DIR + os.pathsep + path
-
-
-def _build_and_load() -> None:
-    from torch.utils import cpp_extension
-
-    if platform.machine() not in ("x86_64", "AMD64", "aarch64", "arm64"):
-        raise RuntimeError(f"no kernel build for {platform.machine()}")
-    _put_ninja_on_path()
-    target = build_dir()
-    target.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load(
-        name="metronome_kernels",
-        sources=[str(src) for src in _SOURCES if src.suffix == ".cpp"],
-        extra_cflags=_cflags(),
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(target),
-        is_python_module=False,
-        verbose=False,
-    )
-
-
-def tiles_available() -> bool:
-    """Whether the dense layers can run on the CPU's matrix tiles (AMX) here: the kernels
-    load, were built with them, and the OS lets this process use them. Never raises."""
-    return available() and bool(torch.ops.metronome.tiles_ready())

@@ -1,6 +1,13 @@
-"""``python -m metronome_engine.kernels``: build the fused CPU kernels now."""
+"""``python -m metronome_engine.kernels [ISA ...]``: build the fused CPU kernels now
+(default: the native build and, on x86-64, the x86-64-v3 one)."""
 
-from . import build_dir, load
+import platform
+import sys
 
-load()
-print(f"fused CPU kernels ready in {build_dir()}")
+from . import ISAS, get_build
+
+wanted = sys.argv[1:] or [isa for isa in ISAS if isa == "native" or platform.machine() in ("x86_64", "AMD64")]
+for isa in wanted:
+    build = get_build(isa)  # type: ignore[arg-type]
+    build.load()
+    print(f"fused CPU kernels ({isa}) ready in {build.build_dir()}")

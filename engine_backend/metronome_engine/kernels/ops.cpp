@@ -9,7 +9,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#ifdef __AVX512F__
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -174,98 +174,6 @@ std::tuple<at::Tensor, at::Tensor> greedy_rows(const at::Tensor& logits) {
   return {best, finite};
 }
 
-// Dense layers for the few rows of a decode step. A weight [K, N] is packed once into
-// panels of 32 columns, [ceil(N / 32), K, 32], so a panel streams through in one pass;
-// a tile of up to 8 rows keeps its 32 outputs per row in registers for the whole K loop.
-// BLAS packs the weight again on every call, which at 8-32 rows costs as much as the
-// product (measured here: 1.3x-1.9x slower than this at 8-32 rows, on par at one row).
-constexpr int64_t kPanel = 32;
-
-template <int R>
-inline void gemm_tile(const float* a, int64_t lda, const float* panel, int64_t K, const float* res, int64_t ldr,
-                      float* c, int64_t ldc, int64_t cols, const float* ahead, int64_t ahead_step) {
-  vf acc[R][2];
-  for (int r = 0; r < R; ++r) acc[r][0] = acc[r][1] = vf{};
-  for (int64_t k = 0; k < K; ++k) {
-    // fetch into L2, not L1: in L1 it would hold the fill buffers that bound one core's
-    // bandwidth (measured 4-20% faster at 1-32 rows)
-    if (ahead_step == kPanel) {
-      __builtin_prefetch(ahead + k * kPanel, 0, 1);
-      __builtin_prefetch(ahead + k * kPanel + kLanes, 0, 1);
-    } else if (ahead_step > 0) {
-      __builtin_prefetch(ahead + k * ahead_step, 0, 1);
-    }
-    const vf b0 = vload(panel + k * kPanel);
-    const vf b1 = vload(panel + k * kPanel + kLanes);
-    for (int r = 0; r < R; ++r) {
-      const float av = a[r * lda + k];
-      acc[r][0] += av * b0;
-      acc[r][1] += av * b1;
-    }
-  }
-  for (int r = 0; r < R; ++r) {
-    alignas(64) float out[kPanel];
-    std::memcpy(out, acc[r], sizeof(out));
-    float* cr = c + r * ldc;
-    if (res != nullptr) {
-      const float* rr = res + r * ldr;
-      for (int64_t j = 0; j < cols; ++j) cr[j] = rr[j] + out[j];
-    } else {
-      std::memcpy(cr, out, cols * sizeof(float));
-    }
-  }
-}
-
-// x [M, K] @ w (packed from [K, N]) (+ residual [M, N]) -> [M, N]
-at::Tensor packed_linear(const at::Tensor& x, const at::Tensor& w, int64_t n, const std::optional<at::Tensor>& residual) {
-  check_f32(x, "x");
-  check_f32(w, "packed weight");
-  TORCH_CHECK(x.dim() == 2 && w.dim() == 3 && w.size(2) == kPanel, "x must be [M, K] and the weight packed [P, K, 32]");
-  const int64_t M = x.size(0), K = x.size(1);
-  TORCH_CHECK(w.size(1) == K, "x has ", K, " columns, the weight ", w.size(1), " rows");
-  TORCH_CHECK(n > (w.size(0) - 1) * kPanel && n <= w.size(0) * kPanel, "n does not match the packed panels");
-  const float* rp = nullptr;
-  if (residual.has_value()) {
-    check_f32(*residual, "residual");
-    TORCH_CHECK(residual->size(0) == M && residual->size(1) == n, "residual must be [M, N]");
-    rp = residual->data_ptr<float>();
-  }
-  auto out = at::empty({M, n}, x.options());
-  const float* xp = x.data_ptr<float>();
-  const float* wp = w.data_ptr<float>();
-  float* op = out.data_ptr<float>();
-  const int64_t panels = w.size(0);
-  at::parallel_for(0, panels, 1, [&](int64_t lo, int64_t hi) {
-    for (int64_t p = lo; p < hi; ++p) {
-      const float* panel = wp + p * K * kPanel;
-      const int64_t col = p * kPanel;
-      const int64_t cols = std::min(kPanel, n - col);
-      const float* res = rp != nullptr ? rp + col : nullptr;
-      int64_t r = 0;
-      auto at_row = [&](int64_t r) { return res != nullptr ? res + r * n : nullptr; };
-      const int64_t tiles = M / 8 + (M % 8) / 4 + (M % 4);
-      const float* next = panel + K * kPanel;
-      const int64_t step = tiles > 1 ? std::max<int64_t>(kPanel / (tiles - 1), 4) : kPanel;
-      int64_t t = 0;
-      // the first tile reads the panel from memory, fetching 16 KB ahead; the later ones
-      // find it in cache and fetch a share of the next panel each (7-11% faster at 32 rows)
-      auto ahead = [&](int64_t tile) { return tile == 0 ? panel + 128 * kPanel : next + (tile - 1) * K * step; };
-      // (with many tiles, the ones past a whole panel's worth fetch nothing)
-      auto stride = [&](int64_t tile) { return tile == 0 ? kPanel : ((tile - 1) * step < kPanel ? step : 0); };
-      for (; r + 8 <= M; r += 8, ++t) {
-        gemm_tile<8>(xp + r * K, K, panel, K, at_row(r), n, op + r * n + col, n, cols, ahead(t), stride(t));
-      }
-      for (; r + 4 <= M; r += 4, ++t) {
-        gemm_tile<4>(xp + r * K, K, panel, K, at_row(r), n, op + r * n + col, n, cols, ahead(t), stride(t));
-      }
-      for (; r < M; ++r, ++t) {
-        gemm_tile<1>(xp + r * K, K, panel, K, at_row(r), n, op + r * n + col, n, cols, ahead(t), stride(t));
-      }
-    }
-  });
-  return out;
-}
-
 // rotate-half RoPE of one head vector
 inline void rope(const float* x, const float* cos, const float* sin, float* out, int64_t hd) {
   const int64_t half = hd / 2;
@@ -374,6 +282,30 @@ inline vf sum16(const vf* d) {
 
 // A NaN score may be passed over here; vexp still carries it into the weights.
 inline float vmax(vf v) { return _mm512_reduce_max_ps(reinterpret_cast<__m512>(v)); }
+#elif defined(__AVX2__)
+// The same transposing sum on 8-float registers: each vector's halves added, then eight
+// at a time folded by three rounds of pairwise adds (hadd) and one swap of 128-bit lanes.
+// Sixteen scalar horizontal sums took about four times the keys' dot products here.
+inline __m256 sum8(const __m256* s) {
+  const __m256 u0 = _mm256_hadd_ps(_mm256_hadd_ps(s[0], s[1]), _mm256_hadd_ps(s[2], s[3]));
+  const __m256 u1 = _mm256_hadd_ps(_mm256_hadd_ps(s[4], s[5]), _mm256_hadd_ps(s[6], s[7]));
+  return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
+}
+
+inline vf sum16(const vf* d) {
+  __m256 halves[kLanes];
+  for (int j = 0; j < kLanes; ++j) {
+    const float* p = reinterpret_cast<const float*>(d + j);
+    halves[j] = _mm256_add_ps(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8));
+  }
+  vf out;
+  const __m256 lo = sum8(halves), hi = sum8(halves + 8);
+  std::memcpy(&out, &lo, sizeof(lo));
+  std::memcpy(reinterpret_cast<float*>(&out) + 8, &hi, sizeof(hi));
+  return out;
+}
+
+inline float vmax(vf v) { return hmax(v); }
 #else
 inline vf sum16(const vf* d) {
   vf r;
@@ -652,15 +584,29 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   return out;
 }
 
-// A dense layer on either weight layout: float32 panels (scale and offset empty) or
-// GGUF blocks in tiles (uint8 or int8 q, see tiles.h).
+// A dense layer on either weight layout: GGUF blocks in tiles (uint8 or int8 q, see
+// tiles.h), or the model's own float32 weight [K, N] (scale and offset empty), which goes
+// to the BLAS torch links (oneDNN/MKL sgemm; the residual as addmm's beta term). That
+// BLAS beat this file's own float32 kernel at 1-32 rows on AVX2 (6-60x: 16 float32
+// registers, not 32) and on AVX-512 (1.5-4x), measured in docs/engine.md, so the
+// float32 kernel is gone.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& offset,
                   int64_t n, const std::optional<at::Tensor>& residual) {
   if (w.scalar_type() == at::kByte || w.scalar_type() == at::kChar) {
     return metronome::tile_linear(x, w, scale, offset.numel() > 0 ? std::optional<at::Tensor>(offset) : std::nullopt,
                                   n, residual);
   }
-  return packed_linear(x, w, n, residual);
+  check_f32(x, "x");
+  check_f32(w, "weight");
+  TORCH_CHECK(x.dim() == 2 && w.dim() == 2, "x must be [M, K] and the weight [K, N]");
+  TORCH_CHECK(w.size(0) == x.size(1), "x has ", x.size(1), " columns, the weight ", w.size(0), " rows");
+  TORCH_CHECK(w.size(1) == n, "the weight has ", w.size(1), " columns, not n = ", n);
+  if (residual.has_value()) {
+    check_f32(*residual, "residual");
+    TORCH_CHECK(residual->size(0) == x.size(0) && residual->size(1) == n, "residual must be [M, N]");
+    return at::addmm(*residual, x, w);
+  }
+  return at::mm(x, w);
 }
 
 bool tiles_ready() { return metronome::tiles_ready(); }
@@ -709,11 +655,17 @@ at::Tensor decoder_layers(at::Tensor x, at::TensorList weights, const at::Tensor
 
 }  // namespace
 
-TORCH_LIBRARY(metronome, m) {
+// the op namespace: "metronome" for the native build, another one per vector-unit build
+// (kernels/__init__.py), so that one process can load several builds
+#ifndef METRONOME_OPS
+#define METRONOME_OPS metronome
+#endif
+#define METRONOME_LIBRARY(ns, m) TORCH_LIBRARY(ns, m)
+
+METRONOME_LIBRARY(METRONOME_OPS, m) {
   m.def("rms_norm(Tensor x, Tensor weight, float eps) -> Tensor", &rms_norm);
   m.def("silu_mul(Tensor gate_up) -> Tensor", &silu_mul);
   m.def("greedy_rows(Tensor logits) -> (Tensor, Tensor)", &greedy_rows);
-  m.def("packed_linear(Tensor x, Tensor weight, int n, Tensor? residual) -> Tensor", &packed_linear);
   m.def("tiles_ready() -> bool", &tiles_ready);
   m.def("tile_linear(Tensor x, Tensor q, Tensor scale, Tensor? offset, int n, Tensor? residual) -> Tensor",
         &metronome::tile_linear);

@@ -90,7 +90,8 @@ def sink_pass(
 ) -> tuple[Tensor, Tensor]:
     """Attention of each query (rotated at its in-cache position) over the sinks left out of its window.
 
-    ``q_sink [T, H, d]``; returns output ``[T, H, dv]`` and lse ``[H, T]`` (vLLM's merge layout).
+    ``q_sink [T, H, d]``; returns output ``[T, H, dv]`` (``q_sink``'s dtype) and float32 lse ``[H, T]``
+    (vLLM's merge layout).
     Reads only the first ``ceil(S / block_size)`` blocks of each request.
     """
     num_tokens, num_heads, head_size = q_sink.shape
@@ -98,14 +99,16 @@ def sink_pass(
     group = num_heads // kv_heads
     sink_blocks = block_table[:, : -(-sinks // block_size)].long()
     kv = _gather_blocks(kv_cache, sink_blocks)[:, :, :sinks]  # [R, kvh, S, C]
-    kv = kv[token_req].to(q_sink.dtype)  # [T, kvh, S, C]
+    # a handful of keys per query: score in float32 whatever the cache holds (the merge wants a float32 lse)
+    kv = kv[token_req].float()  # [T, kvh, S, C]
     keys, values = kv[..., :head_size], kv[..., head_size:]
-    q = q_sink.reshape(num_tokens, kv_heads, group, head_size)
+    q = q_sink.float().reshape(num_tokens, kv_heads, group, head_size)
     # sink j is read here only once it has left the query's window: j < p - W + 1
     left = torch.arange(sinks, device=q.device)[None, :] < (token_pos - window + 1)[:, None]
     bias = torch.zeros(left.shape, dtype=q.dtype, device=q.device).masked_fill_(~left, float("-inf"))
     out, lse = _attend(q, keys, values, bias[:, None, None, :], scale)
-    return out.reshape(num_tokens, num_heads, -1), lse.reshape(num_tokens, num_heads).t().contiguous()
+    out = out.reshape(num_tokens, num_heads, -1).to(q_sink.dtype)
+    return out, lse.reshape(num_tokens, num_heads).t().contiguous()
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,4 +189,4 @@ def window_pass(query: Tensor, kv_cache: Tensor, tiles: WindowTiles, *, scale: f
     out, lse = _attend(q, keys, values, bias, scale)
     out = out.view(rows, kv_heads, qt, group, -1).permute(0, 2, 1, 3, 4).reshape(rows * qt, num_heads, -1)
     lse = lse.view(rows, kv_heads, qt, group).permute(0, 2, 1, 3).reshape(rows * qt, num_heads)
-    return out.index_select(0, tiles.token_rows), lse.index_select(0, tiles.token_rows).t().contiguous()
+    return out.index_select(0, tiles.token_rows), lse.index_select(0, tiles.token_rows).t().float().contiguous()

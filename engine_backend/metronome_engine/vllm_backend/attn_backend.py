@@ -70,7 +70,7 @@ def _merge_sinks(
         sinks=impl.sink_tokens,
         scale=impl.scale,
     )
-    merge_attn_states(output[:n], out_w, lse_w, out_s.to(out_w.dtype), lse_s)
+    merge_attn_states(output[:n], out_w, lse_w, out_s.to(out_w.dtype), lse_s)  # lse: float32 [H, T] both
 
 
 # the torch backend (CPU, or any device) ---------------------------------------------------------
@@ -266,6 +266,9 @@ def _flash_backend() -> type[AttentionBackend]:
             return output
 
     class SinkWindowFlashBackend(FlashAttentionBackend):  # type: ignore[misc]
+        # the sink pass reads the cache as values: no fp8 scales applied there
+        supported_kv_cache_dtypes: ClassVar[list[Any]] = ["auto", "float16", "bfloat16"]
+
         @staticmethod
         def get_name() -> str:
             return FLASH_BACKEND_NAME

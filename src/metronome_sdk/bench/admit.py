@@ -15,12 +15,13 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
 
 from metronome_engine import EngineCore
+from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
 
 from .._config import AdmissionConfig, TimingConfig
@@ -50,9 +51,9 @@ class AdmitConfig(StreamExperiment):
     arrival_rate: float = 1.0  # sessions per second
     duration: tuple[float, float] = (30.0, 60.0)  # seconds, before time_scale
     first_sessions: int = 4
-    admission: AdmissionConfig = field(
+    admission: AdmissionConfig = field(  # initial_limit None: the cap starts from the engine's calibration
         default_factory=lambda: AdmissionConfig(
-            initial_limit=4, percentile=0.99, target=1.0, min_samples=32, interval=1.0, queue_timeout=0.0
+            percentile=0.99, target=1.0, min_samples=32, interval=1.0, queue_timeout=0.0
         )
     )
     after_stall_seconds: float = 8.0  # a collapsed full run goes on this long, then stops
@@ -60,6 +61,7 @@ class AdmitConfig(StreamExperiment):
     seed: int = 0
     model: str = "smollm2-135m-instruct"
     time_scale: float = 1.0
+    kernels: Kernels = "auto"
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
@@ -132,12 +134,19 @@ async def _one(
         duration=(lo * scale, hi * scale),
         first=config.first_sessions,
     )
-    core = EngineCore(model, policy=config.policy(kind), num_blocks=config.pool_blocks, block_size=config.block_size)
+    core = EngineCore(
+        model,
+        policy=config.policy(kind),
+        num_blocks=config.pool_blocks,
+        block_size=config.block_size,
+        kernels=config.kernels,
+    )
     trace = WorkloadTrace(start=time.monotonic())
     engine = Engine(
         core=core,
         timing=TimingConfig(period=spec.period, max_chunk_tokens=spec.tokens_per_tick),
-        admission=config.admission,
+        # a streaming session appends its frame's tokens and its output each tick: the calibrated cap counts that
+        admission=replace(config.admission, session_tokens=spec.tokens_per_tick),
         on_tick=trace.ticks.append,
     )
     stop = horizon
@@ -238,7 +247,7 @@ def summarize(config: AdmitConfig, runs: list[AdmitRun], n_sched: int, sweep: di
         "arrival_rate_per_s": config.arrival_rate,
         "duration_s": [d * config.time_scale for d in config.duration],
         "admission": {
-            "initial_limit": config.admission.initial_limit,
+            "initial_limit": config.admission.initial_limit,  # None: from the engine's calibration
             "percentile": config.admission.percentile,
             "target": config.admission.target,
             "min_samples": config.admission.min_samples,
@@ -246,6 +255,7 @@ def summarize(config: AdmitConfig, runs: list[AdmitRun], n_sched: int, sweep: di
             "decrease": config.admission.decrease,
         },
         "model": config.model,
+        "kernels": config.kernels,
         "time_scale": config.time_scale,
         "n_star": "median admission cap over the second half of the run (before the first stall)",
     }

@@ -1,4 +1,5 @@
-"""This machine's roofline, measured now: fp32 GEMM rate and memory copy bandwidth."""
+"""This machine's roofline, measured now: fp32 GEMM rate and memory copy bandwidth; for the
+honest floor also the read bandwidth and the bfloat16 GEMM rate (the AMX tiles' arithmetic)."""
 
 from __future__ import annotations
 
@@ -9,8 +10,9 @@ from dataclasses import dataclass
 import torch
 
 from metronome_engine import ModelConfig
+from metronome_engine.model import LlamaModel
 
-__all__ = ["Roofline", "RooflineProbe", "measure_roofline", "decode_step_cost"]
+__all__ = ["Roofline", "RooflineProbe", "measure_roofline", "decode_step_cost", "engine_bytes_read"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,12 +38,28 @@ class RooflineProbe:
         self._a, self._b = torch.randn(self.N, self.N), torch.randn(self.N, self.N)
         self._src = torch.ones(64 * 1024 * 1024)  # 256 MB of fp32
         self._dst = torch.empty_like(self._src)
+        self._a16: torch.Tensor | None = None
 
     def gemm(self) -> None:
         torch.mm(self._a, self._b)
 
     def copy(self) -> None:
         self._dst.copy_(self._src)
+
+    def read(self) -> None:
+        """Reads the 256 MB once (a sum): what a step does with its weights."""
+        self._src.sum()
+
+    def gemm_bf16(self) -> None:
+        if self._a16 is None:
+            self._a16, self._b16 = self._a.bfloat16(), self._b.bfloat16()
+        torch.mm(self._a16, self._b16)
+
+    def read_gbs(self, read_s: float) -> float:
+        return self._src.numel() * 4 / read_s / 1e9
+
+    def bf16_gflops(self, gemm_s: float) -> float:
+        return 2 * self.N**3 / gemm_s / 1e9
 
     def roofline(self, gemm_s: float, copy_s: float) -> Roofline:
         return Roofline(
@@ -80,3 +98,14 @@ def decode_step_cost(config: ModelConfig, contexts: list[int]) -> tuple[float, f
     flops = 2.0 * weights * batch + attn_flops
     kv_bytes = sum((ctx + 1) * c.kv_bytes_per_token(4) for ctx in contexts)
     return flops, 4.0 * weights + kv_bytes
+
+
+def engine_bytes_read(model: LlamaModel, contexts: list[int]) -> float:
+    """Bytes one decode step of the engine reads: its dense weights as it holds them (4-bit
+    blocks with their scales in tiles, or float32) once, the head once, and each session's
+    float32 K/V once."""
+    c = model.config
+    dense = sum(t.numel() * t.element_size() for t in model.fused_weights())
+    head = sum(t.numel() * t.element_size() for t in (model.lm_head, model.head_scale, model.head_offset))
+    kv = sum((ctx + 1) * c.kv_bytes_per_token(4) for ctx in contexts)
+    return float(dense + head + kv)

@@ -22,6 +22,7 @@ from typing import Any
 import anyio
 
 from metronome_engine import EngineCore
+from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
 
 from .._admission import percentile
@@ -54,6 +55,7 @@ class SweepConfig(StreamExperiment):
     model: str = "smollm2-135m-instruct"
     policies: tuple[Policy, ...] = ("window", "full")
     time_scale: float = 1.0
+    kernels: Kernels = "auto"
 
     def __post_init__(self) -> None:
         if not self.ns or any(n < 1 for n in self.ns):
@@ -152,7 +154,13 @@ async def _point(
     config: SweepConfig, model: LlamaModel, kind: Policy, n: int, on_round: Callable[[], None]
 ) -> SweepPoint:
     spec = config.spec
-    core = EngineCore(model, policy=config.policy(kind), num_blocks=config.pool_blocks, block_size=config.block_size)
+    core = EngineCore(
+        model,
+        policy=config.policy(kind),
+        num_blocks=config.pool_blocks,
+        block_size=config.block_size,
+        kernels=config.kernels,
+    )
     trace = WorkloadTrace(start=time.monotonic())
     engine = Engine(
         core=core,
@@ -215,6 +223,7 @@ def summarize(config: SweepConfig, points: list[SweepPoint]) -> dict[str, Any]:
         "measured_ticks": config.measured_ticks,
         "warmup_ticks": config.warmup_ticks,
         "model": config.model,
+        "kernels": config.kernels,
         "time_scale": config.time_scale,
     }
     return out

@@ -53,7 +53,7 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"--sweep {args.sweep} is not a readable `bench sweep` report: {exc}") from exc
     elif args.n_sched is None:
         if args.quick and args.ns is None:
-            args.ns = (2, 5, 8)
+            args.ns = (1, 3, 6)  # from one: on a slow machine one session may be all it holds
         sc = sweep_config(args, policies=("window",))
         assert isinstance(sc, SweepConfig)
         with progress_bar(len(sc.ns) * (sc.warmup_ticks + sc.measured_ticks + 1), "bench admit: sweep") as bar:
@@ -66,7 +66,7 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"--n-sched must be >= 1, got {args.n_sched}")
         n_sched = args.n_sched
     scale = args.time_scale * (0.3 if args.quick else 1.0)
-    config = AdmitConfig(runs=args.runs, seed=args.seed, model=args.model, time_scale=scale)
+    config = AdmitConfig(runs=args.runs, seed=args.seed, model=args.model, time_scale=scale, kernels=args.kernels)
     if args.quick:  # decisions on fewer frames, a pool that fills within the short run
         config = replace(config, pool_sessions=8, admission=replace(config.admission, min_samples=16))
     with progress_bar(round(2 * args.runs * config.run_seconds * scale), "bench admit") as bar:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import sys
 
@@ -21,43 +22,118 @@ def _batches(text: str) -> list[int]:
     return values
 
 
+# what `--isa x86-64-v3` tells this process's libraries, so that the whole run (the fused
+# kernels, torch's own kernels, MKL and oneDNN under the torch path and HF) is what an AVX2
+# machine runs. Each library reads its variable when first used, which is after this is set.
+_AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def _select_isa(isa: str) -> str:
+    """Point this process at the kernels' build ``isa``; returns torch's CPU capability."""
+    from metronome_engine.kernels import ISA_ENV
+
+    os.environ[ISA_ENV] = isa
+    if isa == "x86-64-v3":
+        os.environ.update(_AVX2_ENV)
+    capability = str(torch.backends.cpu.get_cpu_capability())
+    if isa == "x86-64-v3" and capability not in ("AVX2", "DEFAULT"):
+        raise RuntimeError(
+            f"torch already chose its {capability} kernels in this process; run with "
+            + " ".join(f"{k}={v}" for k, v in _AVX2_ENV.items())
+        )
+    return capability
+
+
+def _chunks(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--prefill takes comma-separated ints, got {text!r}") from None
+    if any(v < 1 or v > 256 for v in values):
+        raise argparse.ArgumentTypeError(f"--prefill chunks must be in [1, 256] (a 256-token context), got {text!r}")
+    return values
+
+
 def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=_batches, default=[1, 8, 32], help="batch sizes (default 1,8,32)")
     p.add_argument("--steps", type=int, default=10, help="timed decode steps per measurement (median)")
     p.add_argument("--no-hf", action="store_true", help="skip the HF transformers baseline")
-    p.add_argument("--model", default="smollm2-135m-instruct")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="known model name, HF folder or .gguf file")
+    p.add_argument(
+        "--quantize", choices=["q8_0", "q4_1"], default=None, help="quantize --model's weights on load (cached)"
+    )
+    p.add_argument("--baseline", default=None, help="also time the engine on this model, in turn (e.g. a GGUF)")
     p.add_argument(
         "--kernels",
         choices=["auto", "fused", "torch"],
         default="auto",
-        help="the engine's CPU path: fused kernels, plain torch ops, or fused where they build (default)",
+        help="the engine's CPU path: fused kernels, plain torch ops, or whichever was measured faster here (default)",
+    )
+    p.add_argument(
+        "--isa",
+        choices=["native", "x86-64-v3"],
+        default=os.environ.get("METRONOME_KERNELS_ISA") or "native",
+        help="the fused kernels' build: this CPU's own vector unit (default), or x86-64-v3 (AVX2+FMA, with "
+        "torch, MKL and oneDNN held to AVX2 too): an AVX2 machine's figures on any x86-64 one",
+    )
+    p.add_argument("--no-torch", action="store_true", help="skip timing the engine's torch path beside the fused one")
+    p.add_argument(
+        "--prefill",
+        type=_chunks,
+        default=[64, 256],
+        help="prefill chunks timed, each ending a 256-token context (default 64,256; empty: none)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..bench.step import run_step_bench
-
     if args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
+    capability = _select_isa(args.isa)  # before anything computes
+    from metronome_engine.engine import auto_choice
+
+    from ..bench.step import run_step_bench
 
     def say(msg: str) -> None:
         print(f"[bench step] {msg}", file=sys.stderr, flush=True)
 
-    roof, results, kernels, layout = run_step_bench(
-        args.batch, model=args.model, steps=args.steps, with_hf=not args.no_hf, kernels=args.kernels, on_progress=say
+    choice = None
+    if args.kernels == "auto":
+        say("kernels=auto: the measured choice (timed once per machine, then cached)")
+        choice = auto_choice(model=args.model)
+        say(f"kernels=auto chose {choice.name}: {choice.times_ms}")
+    run = run_step_bench(
+        args.batch,
+        model=args.model,
+        steps=args.steps,
+        with_hf=not args.no_hf,
+        kernels=args.kernels,
+        with_torch=not args.no_torch,
+        prefill=tuple(args.prefill),
+        on_progress=say,
+        quantize=args.quantize,
+        baseline=args.baseline,
     )
-    batches = [r.as_dict() for r in results]
+    roof, kernels, layout = run.peak, run.kernels, run.weights
+    batches = [r.as_dict() for r in run.results]
+    prefill = [p.as_dict() for p in run.prefill]
     report = {
+        "model": args.model,
         "batches": batches,
+        "prefill": prefill,
         "kernels": kernels,
+        "isa": run.isa,
+        "auto": choice.as_dict() if choice is not None else None,
         "weights": layout,
+        "quantize": args.quantize,
+        "baseline": args.baseline,
         "gemm_gflops": roof.gemm_gflops,
         "copy_gbs": roof.copy_gbs,
         "machine": {
             "cpu": platform.processor() or platform.machine(),
             "threads": torch.get_num_threads(),
             "torch": torch.__version__,
+            "torch_cpu_capability": capability,
         },
     }
     if args.json:
@@ -65,36 +141,66 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(
             f"peak roofline: fp32 GEMM {roof.gemm_gflops:.1f} GFLOP/s, copy {roof.copy_gbs:.1f} GB/s "
-            f"({torch.get_num_threads()} threads); engine kernels: {kernels}, weights: {layout}"
+            f"({torch.get_num_threads()} threads, torch {capability}); engine kernels: {kernels}"
+            f"{f' ({run.isa} build)' if run.isa else ''}, weights: {layout}"
         )
+        if choice is not None:
+            print(f"kernels=auto chose {choice.name}; ms per regime: {choice.times_ms}")
+        base = ["baseline ms", "engine/baseline"] if args.baseline else []
         print_table(
             [
                 "batch",
                 "context",
                 "engine ms",
+                "torch path ms",
                 "HF ms",
                 "floor ms",
-                "peak floor ms",
+                "honest floor ms",
                 "engine/HF",
                 "engine/floor",
-                "engine/peak",
+                "engine/honest",
+                *base,
             ],
             [
                 [
                     b["batch"],
                     f"{b['context_min']}-{b['context_max']}",
                     b["engine_ms"],
+                    b["torch_ms"],
                     b["hf_ms"],
                     b["floor_ms"],
-                    b["floor_peak_ms"],
+                    b["honest_floor_ms"],
                     b["engine_vs_hf"],
                     b["engine_vs_floor"],
-                    b["engine_vs_floor_peak"],
+                    b["engine_vs_honest_floor"],
+                    *([b["baseline_ms"], b["engine_vs_baseline"]] if args.baseline else []),
                 ]
                 for b in batches
             ],
         )
-        print("floor: the roofline measured in turn with the steps (median); peak floor: its best, measured before")
+        print(
+            "floor: the float32 roofline measured in turn with the steps (median); honest floor: the bytes "
+            "this engine's weights and K/V take at the read bandwidth, or its FLOPs at its arithmetic's rate, "
+            "both measured in turn"
+        )
+        if args.baseline:
+            print(f"baseline: the engine on {args.baseline}, its steps in turn with the engine's")
+        if prefill:
+            print_table(
+                ["prefill chunk", "context", "engine ms", "torch path ms", "HF ms", "engine tok/s", "HF tok/s"],
+                [
+                    [
+                        p["chunk"],
+                        p["context"],
+                        p["engine_ms"],
+                        p["torch_ms"],
+                        p["hf_ms"],
+                        p["engine_tokens_per_s"],
+                        p["hf_tokens_per_s"],
+                    ]
+                    for p in prefill
+                ],
+            )
     return 0
 
 

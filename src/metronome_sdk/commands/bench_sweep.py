@@ -22,12 +22,23 @@ def _ns(text: str) -> tuple[int, ...]:
 def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ns", type=_ns, default=None, help="session counts (default 1,2,4,6,8,10,12,14,16)")
     p.add_argument("--model", default="smollm2-135m-instruct", help="model name or folder (default SmolLM2)")
+    p.add_argument(
+        "--kernels",
+        choices=("auto", "fused", "torch"),
+        default="auto",
+        help="the engine's CPU path (default auto); --kernels torch stands for a slower machine",
+    )
 
 
 def sweep_config(args: argparse.Namespace, policies: tuple[str, ...] = ("window", "full")) -> object:
     from ..bench.sweep import SweepConfig
 
-    kwargs: dict[str, object] = {"model": args.model, "time_scale": args.time_scale, "policies": policies}
+    kwargs: dict[str, object] = {
+        "model": args.model,
+        "time_scale": args.time_scale,
+        "policies": policies,
+        "kernels": args.kernels,
+    }
     if args.ns is not None:
         kwargs["ns"] = args.ns
     if args.quick:

@@ -24,7 +24,8 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-tokens", type=int, default=None, help="score at most this many tokens of the text")
     p.add_argument("--chunk", type=int, default=64, help="tokens per engine step (does not change the result)")
     p.add_argument("--slices", type=int, default=1, help="also report perplexity per slice of the stream")
-    p.add_argument("--model", default="smollm2-135m-instruct", help="known model name or HF Llama folder")
+    p.add_argument("--model", default="smollm2-135m-instruct", help="known model name, HF folder or .gguf file")
+    p.add_argument("--quantize", choices=["q8_0", "q4_1"], default=None, help="quantize the weights on load (cached)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -43,7 +44,7 @@ def _run(args: argparse.Namespace) -> int:
     tokens = Tokenizer(args.model).encode(text)
     if args.max_tokens is not None:
         tokens = tokens[: args.max_tokens]
-    engine = engine_for_stream(load_model(args.model), policy, len(tokens), chunk=args.chunk)
+    engine = engine_for_stream(load_model(args.model, quantize=args.quantize), policy, len(tokens), chunk=args.chunk)
     with progress_bar(len(tokens) - 1, f"ppl {policy!r}") as bar:
         result = streaming_nll(engine, tokens, chunk=args.chunk, progress=bar.update)
     report = {
@@ -53,6 +54,8 @@ def _run(args: argparse.Namespace) -> int:
         "window": args.window if args.kv == "window" else None,
         "sinks": args.sinks if args.kv == "window" else 0,
         "text": str(args.text),
+        "model": args.model,
+        "quantize": args.quantize,
         "ppl_by_slice": result.ppl_by_slice(args.slices) if args.slices > 1 else [result.ppl],
     }
     if args.json:

@@ -4,7 +4,6 @@
 """
 
 from ._config import ServeConfig
-from ._openai import SESSION_FIELD, SESSION_HEADER
 from ._server import ChatServer
 
-__all__ = ["SESSION_FIELD", "SESSION_HEADER", "ChatServer", "ServeConfig"]
+__all__ = ["ChatServer", "ServeConfig"]

@@ -12,7 +12,9 @@ with ``retry-after-ms`` and an OpenAI error body whose ``code`` names the SDK ex
 a failure before the first token is its HTTP status; after it, an error event in the
 stream; ``CacheExhausted`` is 400 with ``x-should-retry: false``. Bad input is 400,
 401 without the token, 413 past ``max_body``, 415 when not sent as JSON.
-``GET /metrics`` (Prometheus: the engine's and the server's), ``GET /healthz``.
+``DELETE /v1/sessions/{key}`` closes a named session at once (the call ended); one
+idle for ``idle_timeout`` closes by itself. ``GET /metrics`` (Prometheus: the engine's
+and the server's), ``GET /healthz``.
 """
 
 from __future__ import annotations
@@ -127,6 +129,7 @@ class ChatServer:
         self.port: int | None = None
         self.app = web.Application(client_max_size=self.config.max_body, middlewares=[_json_errors])
         self.app.router.add_post("/v1/chat/completions", self._chat)
+        self.app.router.add_delete("/v1/sessions/{key}", self._end_session)
         self.app.router.add_get("/v1/models", self._models)
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_get("/healthz", self._healthz)
@@ -300,6 +303,22 @@ class ChatServer:
         finally:
             entry.busy = False
             self._registry.touch(entry)
+
+    async def _end_session(self, request: web.Request) -> web.Response:
+        """``DELETE /v1/sessions/{key}``: the call ended; close its session now, not at the idle timeout."""
+        refused = self._refusal(request, json_body=False)
+        if refused is not None:
+            return refused
+        entry = self._registry.find(request.match_info["key"])
+        if entry is None or entry.conversation is None:
+            row = ErrorMapping("SessionNotFound", 404, "invalid_request_error", "INVALID_REQUEST", False)
+            return _error_response(row, "no open session has this key")
+        if entry.reply is not None:
+            entry.reply.cancel()
+        async with entry.lock:
+            await self._registry.drop(entry)
+        self.metrics.named_sessions.set(len(self._registry))
+        return web.json_response({"deleted": True})
 
     # replies ---------------------------------------------------------------------------------------
 

@@ -53,6 +53,9 @@ class SessionRegistry:
             found = self._entries[key] = Named(key, last_used=self._clock())
         return found
 
+    def find(self, key: str) -> Named | None:
+        return self._entries.get(key)
+
     def touch(self, entry: Named) -> None:
         entry.last_used = self._clock()
 

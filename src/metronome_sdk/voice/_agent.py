@@ -120,8 +120,10 @@ class VoiceAgent:
     (``receive_audio`` raised ``anyio.EndOfStream``) or no frame came for ``turn_gap``
     seconds. ``stt`` transcribes it on a worker thread; the session answers with the model's
     chat template, up to ``max_reply_tokens``; each sentence goes to ``tts`` as soon as it is
-    complete. Each answered turn's ``TurnLatency`` goes to the peer as a ``latency`` event and
-    into ``stats`` events as ``voice_to_voice``.
+    complete; ``decode_tokens`` (the session's own setting when None) lets each output frame
+    carry several tokens, so the first sentence is whole in fewer ticks. Each answered turn's
+    ``TurnLatency`` goes to the peer as a ``latency`` event and into ``stats`` events as
+    ``voice_to_voice``.
 
     Barge-in: when the caller speaks for ``barge_in`` seconds while a reply is under way, the
     reply stops at once: no more decoding, no more sentences spoken, and on a transport that
@@ -146,6 +148,7 @@ class VoiceAgent:
         stats_interval: float = 0.5,
         turn_gap: float = 0.5,
         barge_in: float | None = 0.06,
+        decode_tokens: int | None = None,
     ) -> None:
         if not isinstance(stt, SpeechToText):
             raise ValueError(f"stt must have transcribe(samples, sample_rate), got {stt!r}")
@@ -157,6 +160,8 @@ class VoiceAgent:
             raise ValueError(f"turn_gap must be in [0.05, 10] seconds, got {turn_gap!r}; try 0.5")
         if barge_in is not None and not 0.0 < barge_in <= 2.0:
             raise ValueError(f"barge_in must be in (0, 2] seconds of speech, or None for no barge-in; got {barge_in!r}")
+        if decode_tokens is not None:
+            session.decode_tokens = decode_tokens  # checked by the session; the agent is its consumer
         self.session = session
         self.transport = transport
         self.stt = stt
@@ -312,7 +317,7 @@ class VoiceAgent:
         reply: list[str] = []
         sentence = ""
         out = await self.session.step(text)
-        produced = 1
+        produced = max(1, len(out.tokens))  # tokens: a frame may carry several (decode_tokens)
         while True:
             await self.transport.send_event(frame_event(out, deadline))
             if out.text:
@@ -332,13 +337,13 @@ class VoiceAgent:
             if last:
                 break
             out = await self.session.step()
-            produced += 1
+            produced += max(1, len(out.tokens))
         answer = "".join(reply).strip()
         final: Event = {"type": "transcript", "role": "assistant", "text": answer, "final": True}
         if cut:
             final["interrupted"] = True
         await self.transport.send_event(final)
-        self._log.info("voice.answered", frames=produced, chars=len(answer), stopped=out.stop, interrupted=cut)
+        self._log.info("voice.answered", tokens=produced, chars=len(answer), stopped=out.stop, interrupted=cut)
 
     async def _speak_loop(self) -> None:
         async for turn, sentence in self._speech_out:

@@ -63,6 +63,10 @@ class ServerConfig:
     token cannot be guessed quickly); more get 429 with ``Retry-After``.
     ``allow_origins``: the web origins (``"https://app.example"``) whose pages may call
     the server cross-origin; none by default, so browsers refuse cross-origin calls.
+    ``max_reply_tokens`` bounds each answer of the default voice agent; ``decode_tokens`` is
+    how many tokens each of its sessions' output frames may carry (``Session.decode_tokens``):
+    4 by default, so a first sentence of 12 tokens can be whole in three ticks, not twelve,
+    where the tick's token budget has room (the engine decides, and AIMD sees the cost).
     """
 
     host: str = "127.0.0.1"
@@ -78,6 +82,7 @@ class ServerConfig:
     allow_origins: tuple[str, ...] = ()
     system_prompt: str | None = DEFAULT_PROMPT
     max_reply_tokens: int = 48
+    decode_tokens: int = 4
     demo_page: bool = True
 
     def __post_init__(self) -> None:
@@ -89,6 +94,8 @@ class ServerConfig:
             raise ValueError(f"max_peers must be an int >= 1, got {self.max_peers!r}; try 8")
         if isinstance(self.max_body, bool) or not isinstance(self.max_body, int) or self.max_body < 1024:
             raise ValueError(f"max_body must be an int >= 1024 bytes, got {self.max_body!r}; try 65536")
+        if isinstance(self.decode_tokens, bool) or not isinstance(self.decode_tokens, int) or self.decode_tokens < 1:
+            raise ValueError(f"decode_tokens must be an int >= 1, got {self.decode_tokens!r}; try 4")
         for name in ("max_buffered", "offers_per_client"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
@@ -392,6 +399,7 @@ class WebRTCServer:
                     tts=self._tts,
                     vad=self._vad(),
                     max_reply_tokens=self.config.max_reply_tokens,
+                    decode_tokens=self.config.decode_tokens,
                 )
                 await agent.run()
         except MetronomeError as exc:

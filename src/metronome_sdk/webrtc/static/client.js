@@ -1,9 +1,9 @@
 // The demo's client: one RTCPeerConnection to POST /offer, a microphone track out, the reply track in,
-// and the "events" data channel (JSON: ready, state, transcript, frame, stats, error, closed).
+// and the "events" data channel (JSON: ready, state, transcript, frame, latency, interrupted, stats, error, closed).
 "use strict";
 
 const demo = {
-  events: [], transcript: [], frames: [], stats: [], maxLevel: 0, level: 0, state: "idle", error: null,
+  events: [], transcript: [], frames: [], stats: [], latencies: [], interruptions: 0, maxLevel: 0, level: 0, state: "idle", error: null,
 };
 window.demo = demo;
 
@@ -56,6 +56,19 @@ function onEvent(event) {
       $("frames").textContent = demo.frames.length;
       $("deadline").textContent = (event.deadline * 1e3).toFixed(0);
       drawLatency();
+      break;
+    case "latency": {
+      demo.latencies.push(event);
+      const ms = (x) => (x * 1e3).toFixed(0);
+      $("v2v").textContent = ms(event.voice_to_voice);
+      $("v2vparts").textContent = "turn end " + ms(event.turn_end) + " + hearing " + ms(event.transcribe) +
+        " + first sentence " + ms(event.first_sentence) + " + voice " + ms(event.synthesize);
+      break;
+    }
+    case "interrupted":
+      demo.interruptions += 1;
+      $("interruptions").textContent = demo.interruptions;
+      if (assistantLine) assistantLine.appendChild(document.createTextNode(" [interrupted]"));
       break;
     case "stats":
       demo.stats.push(Object.assign({ t: performance.now() / 1e3 }, event));

@@ -1,0 +1,205 @@
+"""``MetronomeLLMService``: a Pipecat LLM service on an in-process Metronome engine (extra ``[pipecat]``).
+
+One session per pipeline: opened in ``start()`` (or at the first context, when the
+system prompt comes from it), closed in ``stop()``/``cancel()``. Pipecat sends the
+whole context every turn; the session already holds it, so only the messages added
+since the last turn are appended (the session's own replies are never sent back).
+Tokens go out as ``LLMTextFrame``s between ``LLMFullResponseStartFrame`` and
+``LLMFullResponseEndFrame``. An ``InterruptionFrame`` cancels the reply at once: no
+token of it is pushed after that, and the next turn starts in step.
+
+Errors are ``ErrorFrame``s with the category of the SDK exception
+(``integrations._errors``): ``AdmissionRejected`` -> ``RATE_LIMIT``, ``CacheExhausted``
+-> ``INVALID_REQUEST`` (permanent), ``EngineStalled`` -> ``SERVER``... A session the
+engine ended is reopened at the next turn. Bots of Pipecat's dev runner share one
+event loop, so one engine serves every call (``metronome.default_engine()``, or pass one).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pipecat.frames.frames import (
+    CancelFrame,
+    EndFrame,
+    Frame,
+    LLMContextFrame,
+    LLMFullResponseEndFrame,
+    LLMFullResponseStartFrame,
+    StartFrame,
+)
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.processors.frame_processor import FrameDirection
+from pipecat.services.llm_service import LLMService
+from pipecat.services.settings import LLMSettings
+from pipecat.utils.errors import ErrorCategory
+
+from metronome_engine import SamplingParams
+
+from .._engine import Engine
+from .._exceptions import MetronomeError
+from .._session import default_engine
+from ._conversation import ROLES, Conversation
+from ._errors import error_mapping
+
+__all__ = ["MetronomeLLMService", "context_turns"]
+
+
+def context_turns(messages: Sequence[Any]) -> list[dict[str, str]]:
+    """The chat turns among a Pipecat context's messages (text content only).
+
+    Tool calls and results, images and provider-specific messages are left out: the
+    session takes text turns.
+    """
+    turns = []
+    for m in messages:
+        if not isinstance(m, Mapping):
+            continue
+        role = "system" if m.get("role") == "developer" else m.get("role")
+        content = m.get("content")
+        if isinstance(content, list):
+            content = "".join(p.get("text", "") for p in content if isinstance(p, Mapping) and p.get("type") == "text")
+        if role in ROLES and isinstance(content, str) and content:
+            turns.append({"role": role, "content": content})
+    return turns
+
+
+class MetronomeLLMService(LLMService):  # type: ignore[misc]
+    """A Pipecat ``LLMService`` whose replies come from a Metronome session.
+
+    ``engine``: the engine to open the session on (default: the event loop's
+    ``default_engine()``). ``system_prompt``: the session's pinned system prompt
+    (default: the context's leading system message, read at the first turn).
+    ``max_tokens``: the longest reply. ``sampling``: how the session samples.
+    """
+
+    def __init__(
+        self,
+        *,
+        engine: Engine | None = None,
+        system_prompt: str | None = None,
+        max_tokens: int = 64,
+        sampling: SamplingParams | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if engine is not None and not isinstance(engine, Engine):
+            raise ValueError(f"engine must be a metronome Engine, got {type(engine).__name__}")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+            raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
+        if "settings" not in kwargs:
+            # every field given (Pipecat checks): the session samples as it was opened, so the rest are None
+            kwargs["settings"] = LLMSettings(
+                model="metronome",
+                system_instruction=system_prompt,
+                temperature=None if sampling is None else sampling.temperature,
+                max_tokens=max_tokens,
+                top_p=None,
+                top_k=None,
+                frequency_penalty=None,
+                presence_penalty=None,
+                seed=None,
+                filter_incomplete_user_turns=False,
+                user_turn_completion_config=None,
+            )
+        super().__init__(**kwargs)
+        self._engine = engine
+        self._system_prompt = system_prompt
+        self._max_tokens = max_tokens
+        self._sampling = sampling
+        self._conversation: Conversation | None = None
+        self._seen = 0  # context messages the session has taken
+
+    @property
+    def conversation(self) -> Conversation | None:
+        """The pipeline's session as a ``Conversation`` (``None`` before it opened)."""
+        return self._conversation
+
+    def can_generate_metrics(self) -> bool:
+        return True
+
+    async def start(self, frame: StartFrame) -> None:
+        await super().start(frame)
+        if self._system_prompt is not None:
+            try:
+                await self._open(self._system_prompt)
+            except (MetronomeError, ValueError) as exc:  # refused now: the first turn tries again
+                await self._report(exc)
+
+    async def stop(self, frame: EndFrame) -> None:
+        await super().stop(frame)
+        await self._close()
+
+    async def cancel(self, frame: CancelFrame) -> None:
+        await super().cancel(frame)
+        await self._close()
+
+    async def _open(self, system_prompt: str | None) -> Conversation:
+        engine = self._engine if self._engine is not None else default_engine()
+        await engine.start()
+        if engine.tokenizer is None:
+            raise ValueError("MetronomeLLMService needs an engine with a tokenizer")
+        session = engine.session(system_prompt, sampling=self._sampling, timeout=0)
+        await session.open()
+        self._engine = engine
+        self._system_prompt = system_prompt
+        self._conversation = Conversation(session, engine.tokenizer, has_system_prompt=system_prompt is not None)
+        self._seen = 0
+        return self._conversation
+
+    async def _close(self) -> None:
+        conversation, self._conversation = self._conversation, None
+        if conversation is not None:
+            await conversation.aclose()
+
+    async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
+        await super().process_frame(frame, direction)
+        if isinstance(frame, LLMContextFrame):
+            await self._respond(frame.context)
+        else:
+            await self.push_frame(frame, direction)
+
+    def _new_turns(self, messages: list[dict[str, str]]) -> list[dict[str, str]]:
+        """The turns added since the session last took the context (its own replies excluded)."""
+        if len(messages) < self._seen:  # the context was replaced: take it all as new turns
+            self._seen = 0
+        fresh = messages[self._seen :]
+        if self._seen == 0 and fresh and fresh[0]["role"] == "system" and fresh[0]["content"] == self._system_prompt:
+            fresh = fresh[1:]
+        return [m for m in fresh if m["role"] != "assistant" or self._seen == 0]
+
+    async def _respond(self, context: LLMContext) -> None:
+        await self.push_frame(LLMFullResponseStartFrame())
+        await self.start_processing_metrics()
+        await self.start_ttfb_metrics()
+        try:
+            messages = context_turns(context.get_messages())
+            conversation = self._conversation
+            if conversation is None or conversation.session.closed:
+                prompt = self._system_prompt
+                if prompt is None and messages and messages[0]["role"] == "system":
+                    prompt = messages[0]["content"]
+                conversation = await self._open(prompt)
+            turns = self._new_turns(messages)
+            self._seen = len(messages)
+            first = True
+            async for piece in conversation.reply(turns, max_tokens=self._max_tokens):
+                if first:
+                    first = False
+                    await self.stop_ttfb_metrics()
+                if piece.text:
+                    await self._push_llm_text(piece.text)
+        except (MetronomeError, ValueError) as exc:
+            await self._report(exc)
+        finally:
+            await self.stop_processing_metrics()
+            await self.push_frame(LLMFullResponseEndFrame())
+
+    async def _report(self, exc: Exception) -> None:
+        row = error_mapping(exc)
+        await self.push_error(
+            f"Metronome: {type(exc).__name__}: {exc}",
+            exception=exc,
+            category=ErrorCategory[row.pipecat],
+            force_treat_as_permanent=not row.retryable,
+        )
