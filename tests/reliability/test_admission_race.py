@@ -56,7 +56,8 @@ def test_concurrent_opens_never_exceed_the_cap_or_the_memory_guard(
     async def run() -> None:
         engine = Engine(
             core=core_for(fit),
-            timing=TimingConfig(period=0.001, deadline=60.0, max_chunk_tokens=8),
+            # a fixed tick budget and cap: nothing to calibrate, so each example starts at once
+            timing=TimingConfig(period=0.001, deadline=60.0, max_chunk_tokens=8, tick_tokens=64),
             admission=AdmissionConfig(initial_limit=cap, max_limit=cap, queue_timeout=wait),
             clock=FakeClock(),  # no AIMD decision moves the cap mid-race
         )

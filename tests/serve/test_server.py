@@ -238,6 +238,29 @@ def test_config_is_checked_when_made() -> None:
     assert "token=set" in repr(ServeConfig(token="12345678")) and "12345678" not in repr(ServeConfig(token="12345678"))
 
 
+async def test_a_reply_says_what_the_window_has_dropped() -> None:
+    engine = make_engine(KVPolicy.windowed(8, sinks=4), num_blocks=64, limit=2)
+    await engine.start()
+    key = {"metronome_session": "call-2"}
+    system = {"role": "system", "content": "be brief"}
+    try:
+        async with await serving(engine) as server, client(server) as c:
+            headers = []
+            for i in range(3):
+                raw = await c.chat.completions.with_raw_response.create(
+                    model="any",
+                    messages=[system, {"role": "user", "content": f"turn {i}"}],
+                    max_tokens=4,
+                    extra_body=key,
+                )
+                headers.append(raw.headers)
+    finally:
+        await engine.aclose()
+    evicted = [int(h["x-metronome-evicted-tokens"]) for h in headers]
+    assert evicted == sorted(evicted) and evicted[-1] > 0  # a window of 8 tokens: the turns slide out
+    assert all(h["x-metronome-system-prompt-resident"] == "true" for h in headers)  # the prompt is pinned
+
+
 def test_the_docs_table_is_the_error_mapping() -> None:
     from pathlib import Path
 

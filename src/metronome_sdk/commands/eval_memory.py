@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from ..eval.generation import ChatTokenizer
 
-_DEFAULT_FILLERS = (0, 2, 4, 8, 12)
+_DEFAULT_FILLERS = (0, 4, 8, 12)
 _QUICK_FILLERS = (0, 6)
 
 
@@ -29,9 +29,9 @@ def _fillers(text: str) -> tuple[int, ...]:
 def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--quick", action="store_true", help="N = 0 and 6, one trial: a smoke test")
     p.add_argument(
-        "--fillers", type=_fillers, default=None, help="N values: filler turns, comma-separated (default 0,2,4,8,12)"
+        "--fillers", type=_fillers, default=None, help="N values: filler turns, comma-separated (default 0,4,8,12)"
     )
-    p.add_argument("--trials", type=int, default=None, help="conversations per policy and N (default 8)")
+    p.add_argument("--trials", type=int, default=None, help="conversations per policy and N (default 4)")
     p.add_argument("--window", type=int, default=256, help="W: recent tokens kept (default 256)")
     p.add_argument("--sinks", type=int, default=4, help="S: first tokens kept (default 4)")
     p.add_argument("--seed", type=int, default=0, help="seed of the facts and orders drawn per trial (default 0)")
@@ -54,7 +54,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..eval.memory import run_memory_eval
 
     fillers = args.fillers or (_QUICK_FILLERS if args.quick else _DEFAULT_FILLERS)
-    trials = args.trials if args.trials is not None else (1 if args.quick else 8)
+    trials = args.trials if args.trials is not None else (1 if args.quick else 4)
     if trials < 1:
         raise ValueError(f"--trials must be >= 1, got {trials}")
     if args.window < 1 or args.sinks < 0:

@@ -343,7 +343,14 @@ class ChatServer:
         try:
             if req.stream:
                 return await self._stream(request, req, pieces, scope)
-            return await self._complete(req, pieces, scope)
+            response = await self._complete(req, pieces, scope)
+            # what the model still sees after this reply (docs/sessions.md, "What the agent still sees")
+            stats = conversation.session.stats()
+            response.headers["x-metronome-evicted-tokens"] = str(stats.evicted_tokens)
+            response.headers["x-metronome-system-prompt-resident"] = "true" if stats.system_prompt_resident else "false"
+            if stats.oldest_resident_turn is not None:
+                response.headers["x-metronome-oldest-resident-turn"] = str(stats.oldest_resident_turn)
+            return response
         finally:
             await pieces.aclose()
             self._replies.discard(scope)
