@@ -344,13 +344,19 @@ class Session:
         """Say ``text`` and collect the reply until the model ends its turn or ``max_tokens``."""
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
-        out = await self.step(text)
-        parts = [out.text]
-        produced = len(out.tokens)
-        while not out.stop and produced < max_tokens:
-            out = await self.step()
-            parts.append(out.text)
-            produced += len(out.tokens)
+        wanted = self._decode_tokens
+        try:
+            self.decode_tokens = min(wanted, max_tokens)
+            out = await self.step(text)
+            parts = [out.text]
+            produced = len(out.tokens)
+            while not out.stop and produced < max_tokens:
+                self.decode_tokens = min(wanted, max_tokens - produced)  # never past max_tokens
+                out = await self.step()
+                parts.append(out.text)
+                produced += len(out.tokens)
+        finally:
+            self.decode_tokens = wanted
         return "".join(parts)
 
     def interrupt(self) -> Interrupted:
