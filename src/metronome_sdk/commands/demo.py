@@ -6,10 +6,10 @@ import argparse
 import asyncio
 import ipaddress
 import os
-import signal
 import sys
 
 from ._base import Command
+from ._serving import serve_until, stop_on_signals
 
 TOKEN_ENV = "METRONOME_TOKEN"
 
@@ -49,25 +49,11 @@ async def _serve(args: argparse.Namespace) -> int:
     if not _loopback(args.host) and token is None:
         print(f"warning: serving on {args.host} with no token; anyone who reaches it may talk", file=sys.stderr)
     print("loading the model and the voice ...", file=sys.stderr, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
+    ready = "voice demo on {url}  (open it in a browser; Ctrl-C stops)"
+    with stop_on_signals() as stop:
         async with demo_engine(window=args.window, sinks=args.sinks) as engine:
             server = WebRTCServer(engine, config)
-            try:
-                await server.start()
-            except OSError as exc:
-                raise ValueError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
-            try:
-                print(f"voice demo on {server.url}  (open it in a browser; Ctrl-C stops)", flush=True)
-                await stop.wait()
-            finally:
-                await server.aclose()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+            await serve_until(stop, server, f"{args.host}:{args.port}", ready)
     print("stopped: every peer connection and session closed", file=sys.stderr)
     return 0
 

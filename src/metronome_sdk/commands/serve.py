@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 import sys
 
 from ._base import Command
+from ._serving import serve_until, stop_on_signals
 from .demo import TOKEN_ENV, _loopback
 
 
@@ -44,26 +44,14 @@ async def _serve(args: argparse.Namespace) -> int:
     if not _loopback(args.host) and token is None:
         print(f"warning: serving on {args.host} with no token; anyone who reaches it may use it", file=sys.stderr)
     print("loading the model ...", file=sys.stderr, flush=True)
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
-    try:
-        # short prefill chunks, so that a long prompt never holds the metronome for long on a CPU
-        async with Engine(engine_config, timing=TimingConfig(period=0.08, max_chunk_tokens=16)) as engine:
+    # short prefill chunks, so that a long prompt never holds the metronome for long on a CPU
+    timing = TimingConfig(period=0.08, max_chunk_tokens=16)
+    with stop_on_signals() as stop:
+        async with Engine(engine_config, timing=timing) as engine:
             server = ChatServer(engine, config)
-            try:
-                await server.start()
-            except OSError as exc:
-                raise ValueError(f"cannot listen on {args.host}:{args.port}: {exc.strerror or exc}") from exc
-            try:
-                print(f"serving {server.url}  (OpenAI base_url; Ctrl-C stops)", flush=True)
-                await stop.wait()
-            finally:
-                await server.aclose()
-    finally:
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.remove_signal_handler(sig)
+            await serve_until(
+                stop, server, f"{args.host}:{args.port}", "serving {url}  (OpenAI base_url; Ctrl-C stops)"
+            )
     print("stopped: every reply interrupted and every session closed", file=sys.stderr)
     return 0
 
