@@ -20,7 +20,6 @@ and the server's), ``GET /healthz``.
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import math
 import time
@@ -33,6 +32,7 @@ from aiohttp import web
 
 from metronome_engine import SamplingParams
 
+from .._bearer import bearer_matches
 from .._engine import Engine
 from .._log import get_logger
 from ..integrations._conversation import Conversation, ReplyPiece
@@ -196,13 +196,7 @@ class ChatServer:
     # requests ------------------------------------------------------------------------------------
 
     def _authorized(self, request: web.Request) -> bool:
-        token = self.config.token
-        if token is None:
-            return True
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        # always compare, in constant time, so timing tells nothing about the token
-        ok = hmac.compare_digest(given.strip().encode("utf-8", "surrogateescape"), token.encode())
-        return ok and scheme.lower() == "bearer"
+        return bearer_matches(request.headers.get("Authorization", ""), self.config.token)
 
     def _refusal(self, request: web.Request, *, json_body: bool) -> web.Response | None:
         def refuse(status: int, code: str, message: str, headers: dict[str, str] | None = None) -> web.Response:

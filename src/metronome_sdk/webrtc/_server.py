@@ -11,7 +11,6 @@ Cross-origin requests are refused unless ``ServerConfig.allow_origins`` names th
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import math
 import time
@@ -24,6 +23,7 @@ from typing import Any
 
 from aiohttp import web
 
+from .._bearer import bearer_matches
 from .._engine import Engine
 from .._exceptions import EngineClosed, MetronomeError, Overloaded, SessionBroken, SessionClosed
 from .._log import get_logger
@@ -310,14 +310,7 @@ class WebRTCServer:
         )
 
     def _authorized(self, request: web.Request) -> bool:
-        token = self.config.token
-        if token is None:
-            return True
-        scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-        # compare in constant time, and always compare, so timing tells nothing about the token
-        expected = token.encode()
-        given_bytes = given.strip().encode("utf-8", "surrogateescape")  # aiohttp keeps odd header bytes so
-        return hmac.compare_digest(given_bytes, expected) and scheme.lower() == "bearer"
+        return bearer_matches(request.headers.get("Authorization", ""), self.config.token)
 
     def _rate_limited(self, request: web.Request) -> float | None:
         """Count this offer against its client address; the seconds to wait if over the limit."""
