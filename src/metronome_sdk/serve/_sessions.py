@@ -42,9 +42,10 @@ class SessionRegistry:
         self._entries: dict[str, Named] = {}
         self._log = get_logger()
         self.idle_closed = 0
+        self._closing = 0  # dropped, their sessions not yet closed: they still hold blocks
 
     def __len__(self) -> int:
-        return sum(1 for e in self._entries.values() if e.conversation is not None)
+        return self._closing + sum(1 for e in self._entries.values() if e.conversation is not None)
 
     def entry(self, key: str) -> Named:
         """The entry for ``key``, made (empty) on first sight."""
@@ -65,7 +66,11 @@ class SessionRegistry:
             del self._entries[entry.key]
         conversation, entry.conversation = entry.conversation, None
         if conversation is not None:
-            await conversation.aclose()
+            self._closing += 1
+            try:
+                await conversation.aclose()
+            finally:
+                self._closing -= 1
 
     async def reap(self) -> int:
         """Close the sessions idle past ``idle_timeout``; how many were closed."""
