@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hmac
 
-__all__ = ["bearer_matches"]
+__all__: list[str] = []  # internal: bearer_matches
 
 
 def bearer_matches(authorization: str, token: str | None) -> bool:
