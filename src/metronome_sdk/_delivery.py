@@ -60,7 +60,6 @@ class Delivery:
         tokenizer: TextTokenizer | None,
         end_session: Callable[[Slot, MetronomeError, Fault], bool],
         in_flight: Callable[[], int],
-        silent: bool = False,
     ) -> None:
         self.counters = counters
         self.timing = timing
@@ -69,7 +68,6 @@ class Delivery:
         self.tokenizer = tokenizer
         self._end_session = end_session
         self._in_flight = in_flight
-        self.silent = silent
 
     def apply(
         self,
@@ -196,9 +194,6 @@ class Delivery:
             pool_blocks=pool_blocks,
             cache_exhausted=exhausted,
         )
-        if self.silent:  # the legacy cliff: an empty frame, on time, that looks healthy
-            latency, _ = self.answer(slot, pending, (), tick, done)
-            return Applied(latency=latency, stalled=True)
         sid = slot.session_id
         if exhausted:
             n = outcome.num_tokens + len(entry.tokens)

@@ -76,9 +76,6 @@ class Engine:
     audio frame sent to an engine without one is refused with a ``ValueError`` naming ``codec=``.
     ``reliability`` sets the slow-consumer policy, step retries, the watchdog and when
     repeated failures shut the engine down (``ReliabilityConfig``).
-    ``silent=True`` is the legacy behaviour of serving engines, kept only so benchmarks
-    can show it: a stalled frame is answered on time with an empty frame instead of
-    ``EngineStalled``. Never use it in an application.
     """
 
     def __init__(
@@ -92,7 +89,6 @@ class Engine:
         codec: FrameCodec | None = None,
         clock: Callable[[], float] = time.monotonic,
         on_tick: Callable[[TickReport], None] | None = None,
-        silent: bool = False,
         reliability: ReliabilityConfig | None = None,
     ) -> None:
         if config is not None and core is not None:
@@ -110,7 +106,6 @@ class Engine:
         self.admission_config = admission or AdmissionConfig()
         self.reliability = reliability or ReliabilityConfig()
         self.codec = codec  # none by default: audio frames need one named (codec=), text and tokens do not
-        self.silent = silent
         self.metrics = EngineMetrics()
         self._counters = Counters(self.metrics)
         self._core: EngineBackend | None = core
@@ -231,7 +226,6 @@ class Engine:
             tokenizer=self._tokenizer,
             end_session=self._end_session,
             in_flight=lambda: len(shared.slots),
-            silent=self.silent,
         )
         self._loop = TickLoop(
             shared,

@@ -152,8 +152,8 @@ class OutputFrame:
 
     ``latency`` is seconds from the frame's submission to this output being ready;
     ``deadline_missed`` says whether that exceeded the deadline. ``stop`` is true when
-    the token ends the model's turn. ``tokens`` is empty only in the legacy ``silent``
-    mode, where a stalled frame is answered on time with nothing.
+    the token ends the model's turn. ``tokens`` is never empty: a frame the engine could not
+    serve is answered with an error (``EngineStalled``), not with nothing.
     """
 
     session_id: int
@@ -164,8 +164,3 @@ class OutputFrame:
     latency: float
     deadline_missed: bool
     stop: bool = False
-    audio: npt.NDArray[np.float32] | None = None
-
-    @property
-    def empty(self) -> bool:
-        return not self.tokens

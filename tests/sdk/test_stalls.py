@@ -75,17 +75,6 @@ async def test_a_session_the_pool_can_never_hold_gets_cache_exhausted() -> None:
         assert engine.stats().stalls == 1
 
 
-async def test_silent_legacy_mode_answers_a_stall_with_an_empty_frame_on_time() -> None:
-    engine = make_engine(KVPolicy.full(), num_blocks=4, silent=True)
-    async with engine, engine.session() as s:
-        frames = [await s.step(FRAME) for _ in range(6)]
-        assert [bool(f.tokens) for f in frames] == [True, True, True, True, False, False]
-        assert frames[-1].empty and frames[-1].text == ""
-        assert not frames[-1].deadline_missed  # on time: a latency dashboard sees nothing wrong
-        assert engine.stats().stalls == 2  # the engine still counts what it hid
-        assert engine.stats().frames == 6
-
-
 async def test_window_soak_never_stalls_and_occupancy_stays_flat() -> None:
     used: list[int] = []
     engine = make_engine(

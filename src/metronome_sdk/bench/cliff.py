@@ -31,6 +31,7 @@ from metronome_engine.model import LlamaModel
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
 
 from .._admission import percentile
+from .silent import SilentBackend
 from .workload import (
     Policy,
     StreamExperiment,
@@ -220,15 +221,15 @@ async def _one_run(config: CliffConfig, model: LlamaModel, kind: Policy, run: in
         duration=(lo * scale, hi * scale),
     )
     core = EngineCore(model, policy=config.policy(kind), num_blocks=config.pool_blocks, block_size=config.block_size)
+    silent = SilentBackend(core) if config.silent else None  # the legacy behaviour: stalls answered with silence
     n = config.sessions
     trace = WorkloadTrace(start=time.monotonic())
     engine = Engine(
-        core=core,
+        core=silent or core,
         timing=TimingConfig(period=spec.period, max_chunk_tokens=spec.tokens_per_tick),
         # no latency-driven cap here: every planned session is let in (the memory guard still applies)
         admission=AdmissionConfig(initial_limit=n, min_limit=n, max_limit=n, queue_timeout=0.0),
-        on_tick=trace.ticks.append,
-        silent=config.silent,
+        on_tick=trace.ticks.append if silent is None else lambda r: trace.ticks.append(silent.report(r)),
     )
     horizon = max(p.arrival + p.duration for p in plans) + 4 * spec.period
     async with engine:

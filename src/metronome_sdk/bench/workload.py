@@ -36,6 +36,8 @@ from metronome_sdk import (
     TickReport,
 )
 
+from .silent import is_silence
+
 Policy = Literal["full", "window"]
 
 
@@ -370,7 +372,7 @@ async def _read(s: _Live, trace: WorkloadTrace, record: SessionRecord, clock: Ca
                 continue
             frame = _next_unanswered(s)
             if frame is not None:
-                frame.outcome = "empty" if out.empty else "ok"
+                frame.outcome = "empty" if is_silence(out) else "ok"
                 frame.latency = out.latency
     except (SessionClosed, EngineClosed):
         return
