@@ -65,9 +65,6 @@ class BlockPool:
         """Fraction of blocks in use, in ``[0, 1]``."""
         return len(self._used) / self._num_blocks
 
-    def can_allocate(self, n: int) -> bool:
-        return 0 <= n <= len(self._free)
-
     def allocate(self, n: int) -> list[int] | None:
         """Take ``n`` blocks, or return ``None`` (taking nothing) if fewer are free."""
         if n < 0:

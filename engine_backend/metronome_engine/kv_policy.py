@@ -51,10 +51,6 @@ class KVPolicy:
     def bounded(self) -> bool:
         return self.kind == "window"
 
-    @property
-    def num_sinks(self) -> int:
-        return self.sinks
-
     def pinned_tokens(self, pinned: int = 0) -> int:
         """How many first tokens a session with a pinned prefix of ``pinned`` tokens keeps.
 

@@ -7,7 +7,6 @@ This module only re-exports; everything lives in private modules.
 
 from metronome_engine import SamplingParams
 
-from ._admission import AIMDAdmitter, MemoryGuard
 from ._codec import FixedRateCodec, FrameCodec, TextTokenizer
 from ._config import AdmissionConfig, EngineConfig, ReliabilityConfig, TimingConfig
 from ._engine import Engine
@@ -34,7 +33,6 @@ from ._session import Interrupted, Session
 from ._stats import EngineStats, SessionStats, TickReport
 
 __all__ = [
-    "AIMDAdmitter",
     "AdmissionConfig",
     "AdmissionRejected",
     "CacheExhausted",
@@ -52,7 +50,6 @@ __all__ = [
     "InputQueueFull",
     "Interrupted",
     "LoadShed",
-    "MemoryGuard",
     "MetronomeError",
     "OutputFrame",
     "Overloaded",

@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterable
 
 from ._config import AdmissionConfig
 
-__all__ = ["AIMDAdmitter", "MemoryGuard"]
+__all__: list[str] = []  # internal: AIMDAdmitter, MemoryGuard (configured through AdmissionConfig)
 
 UNMEASURED_LIMIT = 4  # a cap that is safe on a small CPU, for an engine that measured nothing
 

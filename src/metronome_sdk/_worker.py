@@ -94,10 +94,6 @@ class CoreThread:
         self._pending: set[Job[Any]] = set()
 
     @property
-    def abandoned(self) -> bool:
-        return self._abandoned
-
-    @property
     def thread(self) -> threading.Thread | None:
         return self._thread
 

@@ -5,9 +5,9 @@ connection as a ``Transport``; ``ReplyAudioTrack`` is the paced outbound audio t
 Needs the ``[webrtc]`` extra (aiortc, PyAV); the default voice agent, the ``[voice]`` extra.
 """
 
-from .._extras import require
+from .._extras import require as _require
 
-require("aiortc", extra="webrtc", feature="metronome_sdk.webrtc (the WebRTC transport, metronome demo)")
+_require("aiortc", extra="webrtc", feature="metronome_sdk.webrtc (the WebRTC transport, metronome demo)")
 
 # after the check, so that a missing extra says so first
 from ._demo import demo_engine  # noqa: E402
