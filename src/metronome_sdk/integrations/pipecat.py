@@ -1,7 +1,8 @@
 """``MetronomeLLMService``: a Pipecat LLM service on an in-process Metronome engine (extra ``[pipecat]``).
 
-One session per pipeline: opened in ``start()`` (or at the first context, when the
-system prompt comes from it), closed in ``stop()``/``cancel()``. Pipecat sends the
+One session per pipeline: opened when it starts (in a task: a model loading must not hold
+up the ``StartFrame``), or at the first context when the system prompt comes from it;
+closed in ``stop()``/``cancel()``. Pipecat sends the
 whole context every turn; the session already holds it, so only the messages added
 since the last turn are appended (the session's own replies are never sent back).
 Tokens go out as ``LLMTextFrame``s between ``LLMFullResponseStartFrame`` and
@@ -157,6 +158,7 @@ class MetronomeLLMService(LLMService):  # type: ignore[misc]
         self._max_tokens = max_tokens
         self._sampling = sampling
         self._conversation: Conversation | None = None
+        self._opening: asyncio.Task[None] | None = None  # the session opening at start(), off its path
         self._seen = 0  # context messages the session has taken
 
     @property
@@ -172,10 +174,15 @@ class MetronomeLLMService(LLMService):  # type: ignore[misc]
         if self._engine is None and self._shared is None:
             self._shared = SharedEngine.acquire()
         if self._system_prompt is not None:
-            try:
-                await self._open(self._system_prompt)
-            except (MetronomeError, ValueError) as exc:  # refused now: the first turn tries again
-                await self._report(exc)
+            # in a task: loading the model takes seconds, and Pipecat gives up on a pipeline whose
+            # StartFrame does not come through in time; the first turn waits for it
+            self._opening = self.create_task(self._open_early(), name="metronome_open")
+
+    async def _open_early(self) -> None:
+        try:
+            await self._open(self._system_prompt)
+        except (MetronomeError, ValueError) as exc:  # refused now: the first turn tries again
+            await self._report(exc)
 
     async def stop(self, frame: EndFrame) -> None:
         await super().stop(frame)
@@ -201,6 +208,9 @@ class MetronomeLLMService(LLMService):  # type: ignore[misc]
         return self._conversation
 
     async def _close(self) -> None:
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            await self.cancel_task(opening)
         conversation, self._conversation = self._conversation, None
         if conversation is not None:
             await conversation.aclose()
@@ -229,6 +239,9 @@ class MetronomeLLMService(LLMService):  # type: ignore[misc]
         await self.start_processing_metrics()
         await self.start_ttfb_metrics()
         try:
+            opening, self._opening = self._opening, None
+            if opening is not None:
+                await opening  # the session opened at start(), or the refusal it reported
             messages = context_turns(context.get_messages())
             conversation = self._conversation
             if conversation is None or conversation.session.closed:
