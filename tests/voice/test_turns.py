@@ -11,6 +11,7 @@ import pytest
 
 from metronome_engine import KVPolicy
 from metronome_sdk import Engine, TimingConfig
+from metronome_sdk._audio import resample
 from metronome_sdk.transports import MemoryTransport
 from metronome_sdk.voice import (
     Playback,
@@ -19,7 +20,6 @@ from metronome_sdk.voice import (
     VoiceAgent,
     default_turn_detector,
 )
-from metronome_sdk.voice._audio import resample
 from tests.sdk.conftest import make_engine
 from tests.webrtc.conftest import FixedSTT, ToneTTS, speak
 
