@@ -300,3 +300,18 @@ async def test_in_process_a_closed_stream_cuts_its_reply_and_a_newer_chat_cuts_t
         assert engine.stats().used_blocks == 0
     finally:
         await engine.aclose()
+
+
+async def test_in_process_a_chat_on_another_event_loop_is_refused_with_the_fix(engine: Engine) -> None:
+    model = MetronomeLLM(engine=engine, max_tokens=2)
+    try:
+        assert await collect(model, ask("hello"), APIConnectOptions())
+
+        def elsewhere() -> None:  # as LiveKit's thread executor runs a job: a thread with its own loop
+            asyncio.run(collect(model, ask("hello"), APIConnectOptions(max_retry=0)))
+
+        with pytest.raises(RuntimeError, match="metronome serve"):
+            await anyio.to_thread.run_sync(elsewhere)
+    finally:
+        await model.aclose()
+    assert engine.stats().used_blocks == 0

@@ -349,6 +349,12 @@ class _LocalSession:
 
     async def open(self, messages: list[dict[str, str]]) -> tuple[Conversation, list[dict[str, str]]]:
         """The open conversation (opened now, or again if the engine ended it) and the turns it has not seen."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not None and self._loop is not loop:
+            raise RuntimeError(
+                "MetronomeLLM(engine=...) serves chats on one event loop; this chat runs on another "
+                "(LiveKit gives each job its own loop): use metronome serve (base_url=...) there"
+            )
         conversation = self.conversation
         if conversation is not None and conversation.session.closed:  # shed or broken: start afresh
             self.conversation = None
@@ -356,12 +362,6 @@ class _LocalSession:
             conversation = None
         if conversation is not None:
             return conversation, [dict(t) for t in new_turns(messages, self.system_prompt)]
-        loop = asyncio.get_running_loop()
-        if self._loop is not None and self._loop is not loop:
-            raise RuntimeError(
-                "MetronomeLLM(engine=...) serves chats on one event loop; this chat runs on another "
-                "(LiveKit gives each job its own loop): use metronome serve (base_url=...) there"
-            )
         await self.engine.start()
         tokenizer = self.engine.tokenizer
         if tokenizer is None:
