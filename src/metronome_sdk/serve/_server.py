@@ -254,7 +254,9 @@ class ChatServer:
         try:
             return await self._respond(request, req, conversation, turns, None)
         finally:
-            await conversation.aclose()
+            # in a task of its own: aiohttp cancels a handler whose client left, natively (an anyio
+            # shield does not stop that), and a close cut half-way would keep the session's blocks
+            await asyncio.shield(conversation.aclose())
 
     async def _named(self, request: web.Request, req: oai.ChatRequest, key: str) -> web.StreamResponse:
         entry = self._registry.entry(key)
