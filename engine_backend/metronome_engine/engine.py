@@ -265,15 +265,19 @@ class EngineCore:
             raise ValueError("this model has no blocks that are its weights (load a GGUF file or quantize on load)")
         self.regimes = dict(paths)
 
-    def _step_path(self, chunks: list[SeqChunk]) -> StepPath:
-        """The path this step runs on: the engine's, or the measured winner of the regime
-        the step is nearest (a prefill chunk, or a decode step of one, a few or many rows)."""
+    def step_path(self, sessions: int, new_tokens: int = 1) -> StepPath:
+        """The path a step of ``sessions`` sessions (the longest adding ``new_tokens``) runs
+        on: the engine's, or the measured winner of the regime the step is nearest (a
+        prefill chunk, or a decode step of one, a few or many rows)."""
         from .kernels.choice import nearest_regime
 
         default: StepPath = "fused" if self.fused else "torch"
         if self.regimes is None:
             return default
-        path = self.regimes.get(nearest_regime(len(chunks), max(ch.n_new for ch in chunks)), default)
+        return self.regimes.get(nearest_regime(sessions, new_tokens), default)
+
+    def _step_path(self, chunks: list[SeqChunk]) -> StepPath:
+        path = self.step_path(len(chunks), max(ch.n_new for ch in chunks))
         if self._last_fused and path == "torch":
             self.view.invalidate()  # the fused steps wrote the pool, not the torch path's view
         self._last_fused = path != "torch"

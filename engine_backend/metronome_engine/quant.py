@@ -152,8 +152,8 @@ def pack_groups(blocks: QuantBlocks) -> Tensor:
     n, k = blocks.q.shape
     if k % BLOCK:
         raise ValueError(f"a block weight needs K divisible by {BLOCK}, got K={k}")
-    q4 = blocks.offset is not None
-    if q4 and (blocks.q.min() < 0 or blocks.q.max() > 15):
+    offset = blocks.offset
+    if offset is not None and (blocks.q.min() < 0 or blocks.q.max() > 15):
         raise ValueError("4-bit blocks (with an offset) need q in 0..15")
     nb, groups = k // BLOCK, -(-n // GROUP_COLS)
     pad = groups * GROUP_COLS - n
@@ -168,12 +168,11 @@ def pack_groups(blocks: QuantBlocks) -> Tensor:
         return rows(h).view(groups, GROUP_COLS, nb).permute(0, 2, 1).contiguous().view(torch.uint8)
 
     q = rows(blocks.q).view(groups, GROUP_COLS, nb, BLOCK).permute(0, 2, 1, 3)  # [G, nb, 4, 32]
-    if q4:
+    if offset is not None:
         q = q.to(torch.uint8)
-        parts = [(q[..., :16] | (q[..., 16:] << 4)).reshape(groups, nb, -1), halves(blocks.scale)]
-        parts.append(halves(blocks.offset))
+        parts = [(q[..., :16] | (q[..., 16:] << 4)).reshape(groups, nb, -1), halves(blocks.scale), halves(offset)]
     else:
-        parts = [q.contiguous().view(torch.uint8).reshape(groups, nb, -1), halves(blocks.scale)]
+        parts = [q.to(torch.int8).contiguous().view(torch.uint8).reshape(groups, nb, -1), halves(blocks.scale)]
     return torch.cat(parts, dim=-1).contiguous()
 
 

@@ -49,7 +49,7 @@ REGIMES: dict[str, tuple[int, int, int]] = {
     "decode_32": (32, 16, 1),
     "prefill_64": (1, 16, 64),
 }
-_REPS = 3
+_REPS = 5
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,13 +145,13 @@ def choose_kernels(config: ModelConfig, isa: Isa | None = None) -> KernelChoice:
 
 
 def _measure(config: ModelConfig, builds: list[KernelBuild]) -> KernelChoice:
-    model = _random_model(config)
-    times: dict[str, dict[str, float]] = {"torch": _time_path(model, "torch", None)}
-    # the tiles pack the weights in place: time the builds that keep them float32 first
-    for b in sorted(builds, key=lambda b: b.tiles_available()):
-        times[_name("fused", b.isa)] = _time_path(model, "fused", b.isa)
+    # (name, path, build) of each candidate
+    candidates: list[tuple[str, StepPath, Isa | None]] = [("torch", "torch", None)]
+    for b in builds:
+        candidates.append((_name("fused", b.isa), "fused", b.isa))
         if not b.tiles_available():
-            times[_name("fused", b.isa, groups=True)] = _time_path(model, "groups", b.isa)
+            candidates.append((_name("fused", b.isa, groups=True), "groups", b.isa))
+    times = _time_paths(config, candidates)
     chosen, fastest = pick(times)
     isa = None if chosen == "torch" else cast(Isa, chosen.removeprefix("fused-").removesuffix("-groups"))
     path: Literal["fused", "torch"] = "torch" if chosen == "torch" else "fused"
@@ -168,31 +168,46 @@ def pick(times: dict[str, dict[str, float]]) -> tuple[str, dict[str, str]]:
     return chosen, fastest
 
 
-def _time_path(model: LlamaModel, path: StepPath, isa: Isa | None) -> dict[str, float]:
+def _time_paths(config: ModelConfig, candidates: list[tuple[str, StepPath, Isa | None]]) -> dict[str, dict[str, float]]:
+    """Candidate -> regime -> median ms. The candidates' steps are timed in turn, one of
+    each per round, so that a load that comes and goes on a shared machine meets them all
+    alike (timed one after the other, a busy minute once made the winner look 10x slower)."""
     from ..engine import EngineCore, StepRequest
     from ..kv_policy import KVPolicy
 
     gen = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
+    vocab = config.vocab_size
     blocks = sum(s * (-(-(c + n * (_REPS + 2)) // 16) + 1) for s, c, n in REGIMES.values())
-    kernels: Literal["fused", "torch"] = "torch" if path == "torch" else "fused"
-    engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=blocks, block_size=16, kernels=kernels, isa=isa)
-    if path == "groups":
-        engine.pin_paths(dict.fromkeys(REGIMES, "groups"))
-    out: dict[str, float] = {}
+    shared = _random_model(config)
+    engines = []
+    for _, path, isa in candidates:
+        # the tiles pack a model's weights in place, where the other paths cannot read them
+        tiles = path == "fused" and get_build(isa).tiles_available()
+        kernels: Literal["fused", "torch"] = "torch" if path == "torch" else "fused"
+        model = _random_model(config) if tiles else shared
+        engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=blocks, block_size=16, kernels=kernels, isa=isa)
+        if path == "groups":
+            engine.pin_paths(dict.fromkeys(REGIMES, "groups"))
+        engines.append(engine)
+    out: dict[str, dict[str, float]] = {name: {} for name, _, _ in candidates}
     for regime, (sessions, context, new) in REGIMES.items():
-        seqs = [engine.add_sequence() for _ in range(sessions)]
-        engine.step([StepRequest(s, torch.randint(0, vocab, (context,), generator=gen).tolist()) for s in seqs])
-        ms: list[float] = []
+        seqs = []
+        for engine in engines:
+            seqs.append([engine.add_sequence() for _ in range(sessions)])
+            prompt = [StepRequest(s, torch.randint(0, vocab, (context,), generator=gen).tolist()) for s in seqs[-1]]
+            engine.step(prompt)
+        ms: list[list[float]] = [[] for _ in engines]
         for rep in range(_REPS + 1):
-            reqs = [StepRequest(s, torch.randint(0, vocab, (new,), generator=gen).tolist()) for s in seqs]
-            t = time.perf_counter()
-            engine.step(reqs)
-            if rep:  # the first is a warm-up
-                ms.append((time.perf_counter() - t) * 1e3)
-        out[regime] = statistics.median(ms)
-        for s in seqs:
-            engine.free_sequence(s)
+            for i, engine in enumerate(engines):
+                reqs = [StepRequest(s, torch.randint(0, vocab, (new,), generator=gen).tolist()) for s in seqs[i]]
+                t = time.perf_counter()
+                engine.step(reqs)
+                if rep:  # the first is a warm-up
+                    ms[i].append((time.perf_counter() - t) * 1e3)
+        for i, engine in enumerate(engines):
+            out[candidates[i][0]][regime] = statistics.median(ms[i])
+            for s in seqs[i]:
+                engine.free_sequence(s)
     return out
 
 
