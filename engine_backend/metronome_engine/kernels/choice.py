@@ -172,7 +172,8 @@ def _time_paths(config: ModelConfig, candidates: list[tuple[str, StepPath, Isa |
     """Candidate -> regime -> median ms. The candidates' steps are timed in turn, one of
     each per round, so that a load that comes and goes on a shared machine meets them all
     alike (timed one after the other, a busy minute once made the winner look 10x slower)."""
-    from ..engine import EngineCore, StepRequest
+    from ..backend import StepRequest
+    from ..engine import EngineCore
     from ..kv_policy import KVPolicy
 
     gen = torch.Generator().manual_seed(0)
