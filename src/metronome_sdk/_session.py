@@ -381,6 +381,10 @@ class Session:
 
         engine = self._engine
         assert engine is not None
+        # a frame decoding several tokens in the tick now running: its rounds stop here, and those
+        # begun have put tokens the reader will never have into the context
+        begun = sum(p.rounds.cut() for p in channel.inputs if p.in_tick and p.rounds is not None)
+        channel.untrimmed += begun
         for pending in channel.withdraw_all(answer):
             engine._withdrawn(slot, pending)
         if feedback_unread:
