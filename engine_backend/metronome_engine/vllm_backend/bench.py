@@ -8,7 +8,8 @@ same weights and the same contexts:
 - ``window+sinks``: this backend (``KVPolicy.windowed(W, sinks=S)``);
 - ``vllm full``: vLLM's stock Llama and attention kernel, full KV (no metronome layers);
 - ``window+sinks @REF``: the backend as it was at git ``REF`` (default: the last commit
-  before the batched attention, when it looped over requests in Python), extracted with
+  before the one-pass CPU attention, when a window pass and a sink pass were merged by
+  log-sum-exp; ``000c077`` is the per-request Python loop before those), extracted with
   ``git archive`` from the repository this file sits in.
 
 Every figure is measured in this run; the ratio is against ``vllm full``.
@@ -30,7 +31,7 @@ from typing import Any
 
 __all__ = ["main", "run_one"]
 
-BEFORE = "000c077"  # the last commit before the batched attention (per-request Python loop)
+BEFORE = "7bbc219"  # the last commit before the one-pass CPU attention (two passes merged by log-sum-exp)
 
 
 def run_one(spec: dict[str, Any]) -> dict[str, Any]:

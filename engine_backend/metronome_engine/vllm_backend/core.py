@@ -65,7 +65,7 @@ class _Seq:
 
 
 class VLLMEngineCore:
-    """Serves many sessions of one Llama-family model on vLLM under one KV policy.
+    """Serves many sessions of one model (Llama, Llama 3, Mistral, Qwen2, Qwen3) on vLLM under one KV policy.
 
     ``model`` is a known name (``"smollm2-135m-instruct"``) or a folder with ``config.json``
     and safetensors weights. ``num_blocks`` fixes vLLM's block pool (usable blocks, of

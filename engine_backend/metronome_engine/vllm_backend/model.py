@@ -6,10 +6,12 @@ position, see ``positions.py``). So each of vLLM's model classes is built as vLL
 (its loaders, linear layers, quantization and tensor parallelism unchanged), then in every
 attention module two submodules are swapped:
 
-- ``rotary_emb`` for ``SinkWindowRope``, which returns the query rotated at its stream index
-  and at its in-cache position packed as one ``[T, 2 * H * d]`` tensor (the key as before);
 - ``attn`` for ``SinkWindowAttention``, vLLM's attention layer run by the sinks + window
-  backend (``attn_backend.py``): a sliding-window pass and a sink pass, merged by log-sum-exp.
+  backend (``attn_backend.py``), which also gets the model's RoPE: on CPU it relocates the
+  sinks with it and runs one fused pass;
+- ``rotary_emb`` for ``SinkWindowRope``, which rotates as the model's own does or, for a
+  backend that scores the sinks in a pass of their own (CUDA's FlashAttention one), also
+  returns the query rotated at its in-cache position, packed as one ``[T, 2 * H * d]`` tensor.
 
 The attention modules' own ``forward`` (q/k/v bias, Qwen3's q/k norm, ...) runs unchanged
 between the two. Enabled by ``hf_overrides`` naming ``sink_window_arch(arch)`` with
@@ -31,6 +33,7 @@ from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
+from .attention import Rotate
 from .attn_backend import select_backend
 from .kv_spec import SinkWindowSpec
 from .positions import in_cache_positions
@@ -50,7 +53,8 @@ class SinkWindowAttention(Attention):  # type: ignore[misc]
 
     Its KV cache spec is ``SinkWindowSpec`` (full-attention pages; blocks between the sinks
     and the window are freed by ``SinkWindowManager``). With sinks it takes the packed query
-    of ``SinkWindowRope``; its output keeps vLLM's shape (``[T, H * d]``, from the token count).
+    of ``SinkWindowRope`` where its backend wants one; its output keeps vLLM's shape
+    (``[T, H * d]``, from the token count).
     """
 
     def __init__(self, *args: Any, window: int, sinks: int, **kwargs: Any) -> None:
@@ -74,20 +78,24 @@ class SinkWindowAttention(Attention):  # type: ignore[misc]
 
 
 class SinkWindowRope(nn.Module):
-    """The model's rotary embedding, also rotating the query to its in-cache position for the sinks.
+    """The model's rotary embedding, called as the attention modules call theirs
+    (``q, k = rotary_emb(positions, q, k)``).
 
-    Called as the attention modules call theirs (``q, k = rotary_emb(positions, q, k)``); returns
-    ``cat(q at stream index, q at in-cache position)`` on the last axis, and ``k`` at its stream index.
+    With ``pack`` (a backend that scores the sinks in a pass of their own) it also rotates
+    the query to its in-cache position and returns ``cat(q at stream index, q at in-cache
+    position)`` on the last axis; otherwise it rotates as the model's own does (the backend
+    relocates the sinks instead).
     """
 
-    def __init__(self, rope: nn.Module, *, window: int, sinks: int) -> None:
+    def __init__(self, rope: nn.Module, *, window: int, sinks: int, pack: bool) -> None:
         super().__init__()
         self.rope = rope
         self.window = window
         self.sinks = sinks
+        self.pack = pack and sinks > 0
 
     def forward(self, positions: Tensor, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
-        if not self.sinks:
+        if not self.pack:
             q, k = self.rope(positions, query, key)
             return q, k
         at = in_cache_positions(positions, window=self.window, sinks=self.sinks)
@@ -95,6 +103,17 @@ class SinkWindowRope(nn.Module):
         q_sink, _ = self.rope(at, query.clone(), None)
         q, k = self.rope(positions, query.contiguous(), key.contiguous())
         return torch.cat((q, q_sink), dim=-1), k
+
+
+def rotation(rope: nn.Module) -> Rotate:
+    """``rope`` as ``attention.Rotate``: ``x [N, heads, d]`` rotated on by ``positions [N]`` (a copy)."""
+
+    def rotate(positions: Tensor, x: Tensor) -> Tensor:
+        # torch ops: vLLM's CPU rotary kernel crashed here on a query of a few rows and no key
+        out, _ = rope.forward_native(positions, x.reshape(x.shape[0], -1), None)
+        return out.view_as(x)  # type: ignore[no-any-return]
+
+    return rotate
 
 
 def extend_rope(rope: Any, length: int) -> None:
@@ -152,7 +171,9 @@ def swap_attention_layers(model: nn.Module, *, window: int, sinks: int, vllm_con
             sinks=sinks,
         )
         extend_rope(rope, length)
-        module.rotary_emb = SinkWindowRope(rope, window=window, sinks=sinks)
+        backend = module.attn.attn_backend
+        module.rotary_emb = SinkWindowRope(rope, window=window, sinks=sinks, pack=backend.packs_sink_query)
+        module.attn.impl.rotate = rotation(rope)
         swapped += 1
     if not swapped:
         raise ValueError(f"{type(model).__name__} has no attention module with attn and rotary_emb to swap")
