@@ -105,7 +105,7 @@ class SinkWindowRope(nn.Module):
         return torch.cat((q, q_sink), dim=-1), k
 
 
-def rotation(rope: nn.Module) -> Rotate:
+def rotation(rope: Any) -> Rotate:
     """``rope`` as ``attention.Rotate``: ``x [N, heads, d]`` rotated on by ``positions [N]`` (a copy)."""
 
     def rotate(positions: Tensor, x: Tensor) -> Tensor:
