@@ -58,6 +58,10 @@ def serve_ticks(spec: dict[str, Any]) -> None:
         "dtype": spec["dtype"],
         "load_format": spec["load_format"],
     }
+    import torch
+
+    if torch.cuda.is_available():  # the engines share the device: each takes its part of its memory
+        kwargs["engine_args"] = {"gpu_memory_utilization": spec["device_share"]}
     with VLLMEngineCore(spec["model"], **kwargs) as core:
         print("@@ ready", flush=True)
         ids: list[int] = []
@@ -214,6 +218,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.baseline_ref:
             tree = _baseline_tree(args.baseline_ref, Path(tmp))
             runs.append(({**base, "policy": "window", "label": f"window+sinks @{args.baseline_ref}"}, str(tree)))
+        runs = [({**spec, "device_share": round(0.85 / len(runs), 3)}, path) for spec, path in runs]
         measured = run_interleaved(runs, counts, args.ticks)
     rows = []
     for n in counts:
