@@ -5,7 +5,9 @@ sees the resident tokens, its sinks ``0 .. min(S, p+1)-1`` then its window ``max
 sitting at in-cache positions ``0, 1, 2, ...``; query and keys are rotated at those positions
 and the softmax runs over that list, one query at a time. The attention under test reads keys
 cached rotated at their *stream* index from a paged cache whose evicted blocks point at the
-null block, in two passes merged by log-sum-exp.
+null block: in one pass (the torch backend: each query's sinks relocated by RoPE beside its
+window, one fused softmax) and in two passes merged by log-sum-exp (the FlashAttention backend's
+scheme: a window pass returning its lse, then ``sink_pass`` and vLLM's ``merge_attn_states``).
 """
 
 from __future__ import annotations
@@ -19,7 +21,13 @@ import torch
 from torch import Tensor
 from vllm.v1.kv_cache_interface import KVCacheLayout
 
-from metronome_engine.vllm_backend.attention import WindowTiles, sink_pass, token_requests, window_pass, write_kv
+from metronome_engine.vllm_backend.attention import (
+    WindowTiles,
+    sink_pass,
+    sink_window_attention,
+    token_requests,
+    write_kv,
+)
 from metronome_engine.vllm_backend.attn_backend import SinkWindowTorchMetadata, _merge_sinks
 from metronome_engine.vllm_backend.positions import gap_blocks, in_cache_positions
 
@@ -116,9 +124,12 @@ class _Impl:
         self.window, self.sink_tokens, self.scale = window, sinks, 1.0 / math.sqrt(HEAD)
 
 
+@pytest.mark.parametrize("scheme", ["one pass", "two passes"])
 @pytest.mark.parametrize("layout", list(LAYOUTS), ids=list(LAYOUTS))
 @pytest.mark.parametrize(("window", "sinks", "block_size"), [(8, 4, 4), (24, 4, 8), (24, 0, 8), (13, 1, 4), (16, 7, 4)])
-def test_batched_attention_equals_dense_reference(layout: str, window: int, sinks: int, block_size: int) -> None:
+def test_batched_attention_equals_dense_reference(
+    scheme: str, layout: str, window: int, sinks: int, block_size: int
+) -> None:
     step = make_step(window * 31 + sinks, window=window, sinks=sinks, block_size=block_size, layout=LAYOUTS[layout])
     cache, qsl, seq_lens = step["cache"], step["qsl"], step["seq_lens"]
     assert isinstance(cache, Tensor) and isinstance(qsl, Tensor) and isinstance(seq_lens, Tensor)
@@ -128,7 +139,8 @@ def test_batched_attention_equals_dense_reference(layout: str, window: int, sink
     write_kv(cache, step["k_new"], step["v_new"], step["slots"])  # type: ignore[arg-type]
     _, pos = token_requests(qsl, seq_lens, n)
     q = rope(q_raw, pos)
-    q_sink = rope(q_raw, in_cache_positions(pos, window=window, sinks=sinks))
+    q_sink = rope(q_raw, in_cache_positions(pos, window=window, sinks=sinks)) if sinks else None
+    one_pass = scheme == "one pass"
     tiles = WindowTiles.build(
         qsl,
         seq_lens,
@@ -138,13 +150,18 @@ def test_batched_attention_equals_dense_reference(layout: str, window: int, sink
         max_seq_len=step["max_seq_len"],  # type: ignore[arg-type]
         block_size=block_size,
         window=window,
+        sinks=sinks if one_pass else 0,  # two passes: the window alone here, the sinks in sink_pass
         dtype=torch.float32,
-        group=HEADS // KV_HEADS,
     )
-    md = SinkWindowTorchMetadata(n, qsl, seq_lens, step["table"], step["slots"], tiles)  # type: ignore[arg-type]
-    out_w, lse_w = window_pass(q, cache, tiles, scale=1.0 / math.sqrt(HEAD))
-    got = torch.empty(n, HEADS, HEAD)
-    _merge_sinks(got, out_w, lse_w, q_sink if sinks else None, cache, md, _Impl(window, sinks))
+    scale = 1.0 / math.sqrt(HEAD)
+    if one_pass:  # the sinks relocated per query with the same RoPE the keys were cached with
+        got, _ = sink_window_attention(q, cache, tiles, scale=scale, rotate=lambda at, x: rope(x, at))
+    else:
+        md = SinkWindowTorchMetadata(n, qsl, seq_lens, step["table"], step["slots"], tiles)  # type: ignore[arg-type]
+        out_w, lse_w = sink_window_attention(q, cache, tiles, scale=scale, rotate=None, return_lse=True)
+        assert lse_w is not None
+        got = torch.empty(n, HEADS, HEAD)
+        _merge_sinks(got, out_w, lse_w, q_sink, cache, md, _Impl(window, sinks))
 
     want = []
     for q_req, k_all, v_all, ctx in step["raw"]:  # type: ignore[attr-defined]

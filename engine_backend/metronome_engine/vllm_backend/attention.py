@@ -2,28 +2,36 @@
 
 Each query at stream index ``p`` sees its window (keys ``p-W+1 .. p``, scored with the query
 rotated at ``p``: keys are cached rotated at their stream index) and the sinks that have left
-that window (keys ``0 .. min(S, p-W+1) - 1``, scored with the query rotated at its in-cache
-position, see ``positions.py``). The two parts are computed apart and merged by their
-log-sum-exp, as vLLM's cascade attention merges a prefix and a suffix.
+that window (keys ``0 .. min(S, p-W+1) - 1``, scored as by the query rotated at its in-cache
+position ``c``, see ``positions.py``).
+
+- ``sink_window_attention`` (the torch backend, any device): one fused pass. RoPE scores
+  depend on the difference of the two angles, so a sink key rotated on by ``p - c`` scores
+  against the query at ``p`` exactly as the cached sink against the query at ``c``: each
+  query row gets its own relocated copy of the sinks beside its window, and one masked
+  softmax (torch's fused attention kernel) covers both.
+- ``sink_pass`` (the CUDA backend, beside FlashAttention's sliding-window kernel): the sinks
+  scored with the query at ``c`` in a pass of their own, merged with the window part by
+  their log-sum-exp, as vLLM's cascade attention merges a prefix and a suffix.
 
 The cache is read through vLLM's logical per-layer view ``[blocks, kv_heads, block_size,
 head_size + head_size_v]`` (K then V on the last axis), whatever its physical layout (NHD or
 HND): every read indexes that view, so its strides decide where the bytes are.
-
-This module is torch only: the window pass here (``WindowTiles``) is the one every device
-can run; on CUDA the backend runs FlashAttention's sliding-window kernel instead and shares
-``sink_pass`` and the merge.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["WindowTiles", "sink_pass", "token_requests", "window_pass", "write_kv"]
+from .positions import in_cache_positions
+
+__all__ = ["Rotate", "WindowTiles", "sink_pass", "sink_window_attention", "token_requests", "write_kv"]
 
 # queries per tile: a chunk of c tokens is scored in ceil(c / TILE) tiles, each over its own
 # key span of W + TILE - 1 tokens, so a long prompt beside short chunks pads nothing but its last tile
@@ -118,20 +126,27 @@ def sink_pass(
 
 @dataclass(frozen=True, slots=True)
 class WindowTiles:
-    """Where each tile of queries reads its window: built once per step, shared by every layer.
+    """Where each tile of queries reads its keys: built once per step, shared by every layer.
 
-    A tile is up to ``qt`` consecutive query tokens of one request; it reads ``nblk`` whole
-    blocks starting at the block of its first query's window start, and a bias masks each
-    query to its own window ``p-W+1 .. p``.
+    A tile is up to ``qt`` consecutive query tokens of one request. Its key columns are
+    ``nr`` block-sized slots for its sinks, then ``nblk`` whole blocks starting at the block
+    of its first query's window start. The sink slots first receive the request's first
+    blocks (where the sinks are), then are overwritten by the sinks *relocated* for each
+    query row: sink ``j`` rotated on by ``delta = p - c`` (stream index minus in-cache
+    position), so that the query rotated at its stream index scores it as the query at its
+    in-cache position would (RoPE: the score depends on the difference of the two angles).
+    Row ``t``'s sinks sit at columns ``t*S .. t*S+S-1``. A mask lets each query see its own
+    sinks that have left its window, and its window ``p-W+1 .. p``.
     """
 
-    blocks: Tensor  # [R, nblk] cache block ids per tile
-    query_rows: Tensor  # [R * qt] token index of each tile row (padding rows repeat the tile's first)
-    bias: Tensor  # [R, qt, nblk * block_size] 0 where the row's query sees the column, else -inf
-    token_rows: Tensor  # [T] tile row holding each token
+    blocks: Tensor  # [R, nr + nblk] cache block ids per tile: its first blocks (the sinks), then its window span
+    query_rows: Tensor  # [R, qt] token index of each tile row (padding rows repeat the tile's first)
+    delta: Tensor  # [R * qt * S] how far each row's sinks are rotated on (row-major, each row's S sinks)
+    mask: Tensor  # [R, 1, qt, (nr + nblk) * block_size] 0 where the row sees the column, else -inf
+    token_tile: Tensor  # [T] tile holding each token
+    token_slot: Tensor  # [T] its row in the tile
     qt: int
-    group: int = 1  # query heads per KV head: ``head_bias`` repeats each row for them
-    head_bias: Tensor | None = None  # [R, 1, qt * group, L]: ``bias`` laid out as the scores, built once a step
+    sinks: int
 
     @classmethod
     def build(
@@ -145,8 +160,8 @@ class WindowTiles:
         max_seq_len: int,
         block_size: int,
         window: int,
+        sinks: int,
         dtype: torch.dtype,
-        group: int = 1,
     ) -> WindowTiles:
         device = block_table.device
         qsl = query_start_loc.long()
@@ -168,53 +183,80 @@ class WindowTiles:
         nblk = min(math.ceil((window + qt - 1) / block_size) + 1, math.ceil(max_seq_len / block_size))
         nblk = max(nblk, 1)
         idx = (first_block[:, None] + torch.arange(nblk, device=device)[None, :]).clamp_(max=block_table.shape[1] - 1)
-        blocks = block_table[tile_req[:, None], idx].long()
+        q3 = qpos[:, :, None]
         kpos = first_block[:, None] * block_size + torch.arange(nblk * block_size, device=device)[None, :]
-        q3, k3 = qpos[:, :, None], kpos[:, None, :]
-        seen = (k3 <= q3) & (k3 > q3 - window)
-        bias = torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, float("-inf"))
+        seen = (kpos[:, None, :] <= q3) & (kpos[:, None, :] > q3 - window)
+        delta = torch.zeros(0, dtype=torch.long, device=device)
+        if sinks:
+            nr = -(-qt * sinks // block_size)  # room for every row's relocated sinks
+            first = torch.arange(nr, device=device).clamp_(max=max(0, -(-sinks // block_size) - 1))
+            idx = torch.cat((first.expand(idx.shape[0], nr), idx), dim=1)
+            col = torch.arange(nr * block_size, device=device)
+            row_of, j = col // sinks, col % sinks
+            # row t sees its sink j (column t*S + j) once the sink has left its window: j < p - W + 1
+            mine = row_of[None, None, :] == torch.arange(qt, device=device)[None, :, None]
+            seen = torch.cat((mine & (j[None, None, :] < q3 - window + 1), seen), dim=2)
+            at = in_cache_positions(qpos, window=window, sinks=sinks)
+            delta = (qpos - at)[:, :, None].expand(-1, -1, sinks).reshape(-1)
+        blocks = block_table[tile_req[:, None], idx].long()
+        mask = torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, float("-inf"))
         t = torch.arange(num_tokens, device=device)
         req = torch.searchsorted(qsl[1:].contiguous(), t, right=True).clamp_(max=num_req - 1)
         local = t - qsl[req]
-        token_rows = (first_tile[req] + local // qt) * qt + local % qt
-        rows_n, length = bias.shape[0], bias.shape[-1]
-        head_bias = bias[:, None, :, None, :].expand(rows_n, 1, qt, group, length).reshape(rows_n, 1, -1, length)
         return cls(
             blocks=blocks,
-            query_rows=rows.reshape(-1),
-            bias=bias,
-            token_rows=token_rows,
+            query_rows=rows,
+            delta=delta,
+            mask=mask[:, None],
+            token_tile=first_tile[req] + local // qt,
+            token_slot=local % qt,
             qt=qt,
-            group=group,
-            head_bias=head_bias,
+            sinks=sinks,
         )
 
 
-def window_pass(query: Tensor, kv_cache: Tensor, tiles: WindowTiles, *, scale: float) -> tuple[Tensor, Tensor]:
-    """Sliding-window attention at stream positions: output ``[T, H, dv]`` and lse ``[H, T]``."""
-    num_heads, head_size = query.shape[1:]
+# ``rotate(positions [N], x [N, heads, d]) -> x`` rotated on by ``positions`` (the model's RoPE)
+Rotate = Callable[[Tensor, Tensor], Tensor]
+
+
+def sink_window_attention(
+    query: Tensor,
+    kv_cache: Tensor,
+    tiles: WindowTiles,
+    *,
+    scale: float,
+    rotate: Rotate | None,
+    return_lse: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Sinks + window attention in one fused softmax: output ``[T, H, dv]`` (and lse ``[H, T]`` if asked).
+
+    ``query`` is rotated at its stream index. One gather of the tiles' blocks, the sinks
+    relocated per query row in place (``rotate``: the model's RoPE; ``None`` when the tiles
+    hold no sinks), then torch's fused attention kernel over the masked columns (grouped
+    query heads read their KV head in place). Every row sees its own key, so none is empty.
+    """
+    head_size = query.shape[-1]
     kv_heads = kv_cache.shape[1]
-    group = num_heads // kv_heads
-    rows, qt = tiles.blocks.shape[0], tiles.qt
+    rows, qt, sinks = tiles.blocks.shape[0], tiles.qt, tiles.sinks
     kv = _gather_blocks(kv_cache, tiles.blocks).to(query.dtype)  # [R, kvh, L, C]
+    if sinks:
+        if rotate is None:
+            raise ValueError("these tiles relocate sinks: pass the model's rotation")
+        # every row's copy of the sinks ([R, qt, S, kvh, C]), keys rotated on by the row's delta
+        copies = kv[:, :, None, :sinks].expand(rows, kv_heads, qt, sinks, -1).permute(0, 2, 3, 1, 4).contiguous()
+        flat = copies.view(rows * qt * sinks, kv_heads, -1)
+        flat[..., :head_size] = rotate(tiles.delta, flat[..., :head_size].contiguous())
+        kv[:, :, : qt * sinks] = copies.view(rows, qt * sinks, kv_heads, -1).transpose(1, 2)
     keys, values = kv[..., :head_size], kv[..., head_size:]
-    q = query.index_select(0, tiles.query_rows).view(rows, qt, kv_heads, group, head_size)
-    q = q.permute(0, 2, 1, 3, 4).reshape(rows, kv_heads, qt * group, head_size)
-    length = tiles.bias.shape[-1]
-    bias = tiles.head_bias
-    if bias is None or tiles.group != group:
-        bias = tiles.bias.view(rows, 1, qt, 1, length).expand(rows, 1, qt, group, length).reshape(rows, 1, -1, length)
-    # every row sees at least its own key, so no row is empty: no guard; scale, mask and scores in one op
-    scores = torch.baddbmm(
-        bias.expand(rows, kv_heads, qt * group, length).reshape(rows * kv_heads, qt * group, length),
-        q.reshape(rows * kv_heads, qt * group, head_size),
-        keys.reshape(rows * kv_heads, length, head_size).transpose(1, 2),
-        alpha=scale,
-    )
-    lse = torch.logsumexp(scores, dim=-1)
-    probs = torch.exp(scores.sub_(lse.unsqueeze(-1)))
-    out = torch.bmm(probs.to(values.dtype), values.reshape(rows * kv_heads, length, -1))
-    out, lse = out.view(rows, kv_heads, qt * group, -1), lse.view(rows, kv_heads, qt * group)
-    out = out.view(rows, kv_heads, qt, group, -1).permute(0, 2, 1, 3, 4).reshape(rows * qt, num_heads, -1)
-    lse = lse.view(rows, kv_heads, qt, group).permute(0, 2, 1, 3).reshape(rows * qt, num_heads)
-    return out.index_select(0, tiles.token_rows), lse.index_select(0, tiles.token_rows).t().float().contiguous()
+    q = query[tiles.query_rows].transpose(1, 2)  # [R, H, qt, d]
+    if return_lse:
+        out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(
+            q, keys, values, 0.0, False, attn_mask=tiles.mask, scale=scale
+        )[:2]
+    else:
+        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=tiles.mask, scale=scale, enable_gqa=True)
+    out = out.transpose(1, 2)[tiles.token_tile, tiles.token_slot]  # [T, H, dv]
+    if return_lse:
+        lse = lse.transpose(1, 2)[tiles.token_tile, tiles.token_slot].t().float().contiguous()
+        return out, lse
+    return out, None

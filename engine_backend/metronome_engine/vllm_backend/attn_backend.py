@@ -4,18 +4,23 @@ The layers call vLLM's ``unified_attention_with_output`` custom op like any atte
 so vLLM's compilation and CUDA graphs treat them as it treats its own; the op calls the
 ``forward`` of the backend's implementation below. Two backends, one scheme (``attention.py``):
 
-- ``SinkWindowTorchBackend`` (any device; the CPU's): the window part as batched torch ops
-  over tiles of queries, built once per step by its metadata builder.
+- ``SinkWindowTorchBackend`` (any device; the CPU's): one fused pass
+  (``attention.sink_window_attention``): each tile of queries gathers its sink blocks and
+  window span once, relocates the sinks per query row with the model's RoPE (so the query
+  rotated at its stream index scores them as at its in-cache position), and runs torch's
+  fused attention kernel (on CPU its flash-attention kernel) over the masked columns: no
+  second pass, no merge. The tiles are built once per step by its metadata builder; the
+  layer hands it the plain query and its rotation.
 - ``SinkWindowFlashBackend`` (CUDA): the window part is FlashAttention's paged varlen kernel
-  with ``window_size=(W-1, 0)`` and ``return_softmax_lse=True``; FlashAttention's own metadata
-  builder (and its CUDA-graph support) is reused unchanged. Written against vLLM 0.32's API;
-  not yet run on a GPU (``scripts/gpu_check.sh`` runs it).
+  with ``window_size=(W-1, 0)`` and ``return_softmax_lse=True``, then the sink part
+  (``attention.sink_pass``, with the query rotated at its in-cache position) merged with
+  vLLM's ``merge_attn_states``; FlashAttention's own metadata builder (and its CUDA-graph
+  support) is reused unchanged. Written against vLLM 0.32's API; not yet run on a GPU
+  (``scripts/gpu_check.sh`` runs it).
 
-Both run the sink part (``attention.sink_pass``) and merge with vLLM's ``merge_attn_states``.
-
-The query comes packed: ``[T, 2 * H, d]`` holds the query rotated at its stream index (heads
-``:H``) and at its in-cache position (heads ``H:``), so the op's signature stays vLLM's.
-Without sinks it is the plain ``[T, H, d]`` query.
+For the Flash backend the query comes packed (``packs_sink_query``): ``[T, 2 * H, d]`` holds
+the query rotated at its stream index (heads ``:H``) and at its in-cache position (heads
+``H:``), so the op's signature stays vLLM's. Without sinks it is the plain ``[T, H, d]`` query.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
 
-from .attention import WindowTiles, sink_pass, token_requests, window_pass, write_kv
+from .attention import Rotate, WindowTiles, sink_pass, sink_window_attention, token_requests, write_kv
 
 __all__ = ["SinkWindowFlashBackend", "SinkWindowTorchBackend", "select_backend"]
 
@@ -92,9 +97,8 @@ class SinkWindowTorchBuilder(AttentionMetadataBuilder[SinkWindowTorchMetadata]):
     def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: torch.device) -> None:
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.window = int(kv_cache_spec.window)
+        self.sinks = int(kv_cache_spec.sinks)
         self.dtype = vllm_config.model_config.dtype
-        heads = vllm_config.model_config.get_num_attention_heads(vllm_config.parallel_config)
-        self.group = max(1, heads // kv_cache_spec.num_kv_heads)
 
     def build(
         self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
@@ -111,8 +115,8 @@ class SinkWindowTorchBuilder(AttentionMetadataBuilder[SinkWindowTorchMetadata]):
             max_seq_len=cm.max_seq_len,
             block_size=self.kv_cache_spec.block_size,
             window=self.window,
-            dtype=torch.float32 if self.dtype == torch.float32 else self.dtype,
-            group=self.group,
+            sinks=self.sinks,
+            dtype=self.dtype,
         )
         return SinkWindowTorchMetadata(
             num_actual_tokens=n,
@@ -152,6 +156,7 @@ class SinkWindowTorchImpl(AttentionImpl[SinkWindowTorchMetadata]):  # type: igno
         self.sink_tokens = int(sink_tokens)
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
+        self.rotate: Rotate | None = None  # the model's RoPE, set by model.swap_attention_layers
 
     def forward(
         self,
@@ -170,9 +175,9 @@ class SinkWindowTorchImpl(AttentionImpl[SinkWindowTorchMetadata]):  # type: igno
         if attn_metadata is None:  # the profiling run
             return output.zero_()
         md = attn_metadata
-        q, q_sink = _split_query(query, md.num_actual_tokens, self.num_heads, self.sink_tokens)
-        out_w, lse_w = window_pass(q, kv_cache, md.tiles, scale=self.scale)
-        _merge_sinks(output, out_w.to(output.dtype), lse_w, q_sink, kv_cache, md, self)
+        n = md.num_actual_tokens
+        out, _ = sink_window_attention(query[:n], kv_cache, md.tiles, scale=self.scale, rotate=self.rotate)
+        output[:n].copy_(out)
         return output
 
     def do_kv_cache_update(
@@ -185,6 +190,7 @@ class SinkWindowTorchBackend(AttentionBackend):  # type: ignore[misc]
     """Sinks + window attention in batched torch ops over any KV cache layout."""
 
     forward_includes_kv_cache_update = False
+    packs_sink_query: ClassVar[bool] = False  # relocates the sinks itself: the layer passes the plain query
     supported_dtypes: ClassVar[list[torch.dtype]] = [torch.float16, torch.bfloat16, torch.float32]
     supported_kv_cache_dtypes: ClassVar[list[Any]] = ["auto", "float16", "bfloat16", "float32"]
 
@@ -269,6 +275,7 @@ def _flash_backend() -> type[AttentionBackend]:
             return output
 
     class SinkWindowFlashBackend(FlashAttentionBackend):  # type: ignore[misc]
+        packs_sink_query: ClassVar[bool] = True  # the sink pass wants the query at its in-cache position
         # the sink pass reads the cache as values: no fp8 scales applied there
         supported_kv_cache_dtypes: ClassVar[list[Any]] = ["auto", "float16", "bfloat16"]
 

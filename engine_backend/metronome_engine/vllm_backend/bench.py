@@ -3,12 +3,14 @@
 ``python -m metronome_engine.vllm_backend.bench`` opens ``--sessions`` sessions, gives each a
 ``--prompt``-token prompt, then times ``--ticks`` ticks in which every session appends a
 ``--frame``-token frame and decodes one token. Three engines, each in its own process, on the
-same weights and the same contexts:
+same weights and the same contexts, their ticks taken in turn (so that a shared machine's
+load falls on each alike):
 
 - ``window+sinks``: this backend (``KVPolicy.windowed(W, sinks=S)``);
 - ``vllm full``: vLLM's stock Llama and attention kernel, full KV (no metronome layers);
 - ``window+sinks @REF``: the backend as it was at git ``REF`` (default: the last commit
-  before the batched attention, when it looped over requests in Python), extracted with
+  before the one-pass CPU attention, when a window pass and a sink pass were merged by
+  log-sum-exp; ``000c077`` is the per-request Python loop before those), extracted with
   ``git archive`` from the repository this file sits in.
 
 Every figure is measured in this run; the ratio is against ``vllm full``.
@@ -28,13 +30,19 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run_one"]
+__all__ = ["main", "run_interleaved", "serve_ticks"]
 
-BEFORE = "000c077"  # the last commit before the batched attention (per-request Python loop)
+BEFORE = "7bbc219"  # the last commit before the one-pass CPU attention (two passes merged by log-sum-exp)
 
 
-def run_one(spec: dict[str, Any]) -> dict[str, Any]:
-    """One engine, one configuration: per-tick milliseconds at each session count (runs in its own process)."""
+def serve_ticks(spec: dict[str, Any]) -> None:
+    """One engine, driven line by line on stdin (runs in its own process; answers on stdout as ``@@ ...``).
+
+    ``open N``: open N sessions and give each the prompt; ``tick T``: every session appends
+    tick T's frame and decodes one token, answered with the seconds it took; ``free``: close
+    the sessions; ``quit``. The driver alternates the engines tick by tick, so each
+    configuration sees the same load on a shared machine.
+    """
     from metronome_engine import KVPolicy, StepRequest
     from metronome_engine.vllm_backend import VLLMEngineCore
 
@@ -50,31 +58,38 @@ def run_one(spec: dict[str, Any]) -> dict[str, Any]:
         "dtype": spec["dtype"],
         "load_format": spec["load_format"],
     }
-    results: dict[str, Any] = {}
+    import torch
+
+    if torch.cuda.is_available():  # the engines share the device: each takes its part of its memory
+        kwargs["engine_args"] = {"gpu_memory_utilization": spec["device_share"]}
     with VLLMEngineCore(spec["model"], **kwargs) as core:
-        for sessions in spec["sessions"]:
-            ids = [core.add_sequence() for _ in range(sessions)]
-            prompt = [(11 * k) % 1000 + 10 for k in range(spec["prompt"])]
-            core.step([StepRequest(sid, prompt) for sid in ids])
-            times: list[float] = []
-            for t in range(spec["ticks"] + 2):
+        print("@@ ready", flush=True)
+        ids: list[int] = []
+        for line in sys.stdin:
+            command, _, arg = line.strip().partition(" ")
+            if command == "open":
+                ids = [core.add_sequence() for _ in range(int(arg))]
+                prompt = [(11 * k) % 1000 + 10 for k in range(spec["prompt"])]
+                core.step([StepRequest(sid, prompt) for sid in ids])
+                print("@@ opened", flush=True)
+            elif command == "tick":
+                t = int(arg)
                 reqs = [
                     StepRequest(sid, [(t * 13 + i + k) % 1000 + 10 for k in range(frame)]) for i, sid in enumerate(ids)
                 ]
                 t0 = time.perf_counter()
                 outs = core.step(reqs)
-                if t >= 2:  # two warm-up ticks
-                    times.append(time.perf_counter() - t0)
+                elapsed = time.perf_counter() - t0
                 if not all(o.ok for o in outs):
                     raise RuntimeError(f"a session stalled: {[o for o in outs if not o.ok][:1]}")
-            for sid in ids:
-                core.free_sequence(sid)
-            times.sort()
-            results[str(sessions)] = {
-                "p50_ms": 1e3 * statistics.median(times),
-                "p90_ms": 1e3 * times[int(0.9 * (len(times) - 1))],
-            }
-    return results
+                print(f"@@ {elapsed}", flush=True)
+            elif command == "free":
+                for sid in ids:
+                    core.free_sequence(sid)
+                ids = []
+                print("@@ freed", flush=True)
+            else:
+                break
 
 
 def _baseline_tree(ref: str, into: Path) -> Path:
@@ -92,21 +107,75 @@ def _baseline_tree(ref: str, into: Path) -> Path:
     return into / "engine_backend"
 
 
-def _spawn(spec: dict[str, Any], pythonpath: str | None) -> dict[str, Any]:
-    env = dict(os.environ)
-    if pythonpath is not None:
-        env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
-    # this file's run_one, executed beside whichever metronome_engine PYTHONPATH puts first
-    code = (
-        "import json, runpy, sys; run_one = runpy.run_path(sys.argv[1])['run_one']; "
-        "print('RESULT ' + json.dumps(run_one(json.loads(sys.argv[2]))))"
-    )
-    argv = [sys.executable, "-c", code, __file__, json.dumps(spec)]
-    done = subprocess.run(argv, env=env, capture_output=True, text=True, check=False)
-    for line in done.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return dict(json.loads(line[7:]))
-    raise RuntimeError(f"{spec['label']} failed:\n{done.stderr[-4000:]}")
+class _Worker:
+    """A ``serve_ticks`` process beside whichever ``metronome_engine`` its PYTHONPATH puts first."""
+
+    def __init__(self, spec: dict[str, Any], pythonpath: str | None) -> None:
+        env = dict(os.environ)
+        if pythonpath is not None:
+            env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
+        # this file's serve_ticks, run against the backend on that path
+        code = "import json, runpy, sys; runpy.run_path(sys.argv[1])['serve_ticks'](json.loads(sys.argv[2]))"
+        argv = [sys.executable, "-c", code, __file__, json.dumps(spec)]
+        self.label = str(spec["label"])
+        self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by close())
+        self._proc = subprocess.Popen(
+            argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True
+        )
+        self.ask(None)  # "ready": the engine is up
+
+    def ask(self, command: str | None) -> str:
+        assert self._proc.stdin is not None and self._proc.stdout is not None
+        if command is not None:
+            self._proc.stdin.write(command + "\n")
+            self._proc.stdin.flush()
+        for line in self._proc.stdout:  # vLLM logs to stdout too: answers are the "@@ " lines
+            if line.startswith("@@ "):
+                return line[3:].strip()
+        self._log.seek(0)
+        raise RuntimeError(f"{self.label} failed:\n{self._log.read()[-4000:]}")
+
+    def close(self) -> None:
+        if self._proc.poll() is None:
+            assert self._proc.stdin is not None
+            self._proc.stdin.write("quit\n")
+            self._proc.stdin.close()
+            self._proc.wait(timeout=120)
+        self._log.close()
+
+
+def run_interleaved(
+    specs: list[tuple[dict[str, Any], str | None]], counts: list[int], ticks: int
+) -> dict[str, dict[str, Any]]:
+    """Per-tick milliseconds of each engine at each session count, the engines' ticks taken in turn."""
+    workers: list[_Worker] = []
+    try:
+        for spec, path in specs:
+            workers.append(_Worker(spec, path))
+            print(f"  {spec['label']}: started", file=sys.stderr, flush=True)
+        measured: dict[str, dict[str, Any]] = {w.label: {} for w in workers}
+        for n in counts:
+            for w in workers:
+                w.ask(f"open {n}")
+            times: dict[str, list[float]] = {w.label: [] for w in workers}
+            for t in range(ticks + 2):
+                # rotate who goes first, so no engine always follows the same one
+                for k in range(len(workers)):
+                    w = workers[(t + k) % len(workers)]
+                    elapsed = float(w.ask(f"tick {t}"))
+                    if t >= 2:  # two warm-up ticks
+                        times[w.label].append(elapsed)
+            for w in workers:
+                w.ask("free")
+                ts = sorted(times[w.label])
+                measured[w.label][str(n)] = {
+                    "p50_ms": 1e3 * statistics.median(ts),
+                    "p90_ms": 1e3 * ts[int(0.9 * (len(ts) - 1))],
+                }
+        return measured
+    finally:
+        for w in workers:
+            w.close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -141,18 +210,16 @@ def main(argv: list[str] | None = None) -> int:
         "num_blocks": max(counts) * (-(-context // args.block_size) + 1) + 8,
         "max_model_len": -(-(context + args.frame) // args.block_size) * args.block_size,
     }
-    runs: list[tuple[str, dict[str, Any], str | None]] = [
-        ("window+sinks", {**base, "policy": "window"}, None),
-        ("vllm full", {**base, "policy": "full"}, None),
+    runs: list[tuple[dict[str, Any], str | None]] = [
+        ({**base, "policy": "window", "label": "window+sinks"}, None),
+        ({**base, "policy": "full", "label": "vllm full"}, None),
     ]
     with tempfile.TemporaryDirectory() as tmp:
         if args.baseline_ref:
             tree = _baseline_tree(args.baseline_ref, Path(tmp))
-            runs.append((f"window+sinks @{args.baseline_ref}", {**base, "policy": "window"}, str(tree)))
-        measured = {}
-        for label, spec, path in runs:
-            measured[label] = _spawn({**spec, "label": label}, path)
-            print(f"  {label}: done", file=sys.stderr, flush=True)
+            runs.append(({**base, "policy": "window", "label": f"window+sinks @{args.baseline_ref}"}, str(tree)))
+        runs = [({**spec, "device_share": round(0.85 / len(runs), 3)}, path) for spec, path in runs]
+        measured = run_interleaved(runs, counts, args.ticks)
     rows = []
     for n in counts:
         full = measured["vllm full"][str(n)]["p50_ms"]

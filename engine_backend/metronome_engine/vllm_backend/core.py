@@ -29,7 +29,7 @@ from ..config import ModelConfig
 from ..kv_policy import KVPolicy
 from ..sampling import SamplingParams
 from ..weights import read_config, resolve_model_dir
-from .plugin import SINK_WINDOW_ARCH, register
+from .plugin import register, sink_window_arch
 from .positions import gap_blocks
 
 __all__ = ["VLLMEngineCore", "VLLMStats"]
@@ -64,7 +64,7 @@ class _Seq:
 
 
 class VLLMEngineCore:
-    """Serves many sessions of one Llama-family model on vLLM under one KV policy.
+    """Serves many sessions of one model (Llama, Llama 3, Mistral, Qwen2, Qwen3) on vLLM under one KV policy.
 
     ``model`` is a known name (``"smollm2-135m-instruct"``) or a folder with ``config.json``
     and safetensors weights. ``num_blocks`` fixes vLLM's block pool (usable blocks, of
@@ -116,7 +116,11 @@ class VLLMEngineCore:
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         model_dir = resolve_model_dir(model)
-        self._config = ModelConfig.from_hf(read_config(model_dir))
+        hf_config = read_config(model_dir)
+        self._config = ModelConfig.from_hf(hf_config)
+        # vLLM's own class for this family, its attention layers swapped (model.py); refused by name if none
+        architecture = str((hf_config.get("architectures") or ["LlamaForCausalLM"])[0])
+        sink_window = sink_window_arch(architecture) if policy.bounded else None
         self._policy = policy
         self.block_size = block_size
         self.num_blocks = num_blocks
@@ -171,7 +175,7 @@ class VLLMEngineCore:
         if policy.bounded:
             assert policy.window is not None
             args["hf_overrides"] = {
-                "architectures": [SINK_WINDOW_ARCH],
+                "architectures": [sink_window],
                 "metronome_window": policy.window,
                 "metronome_sinks": policy.sinks,
             }

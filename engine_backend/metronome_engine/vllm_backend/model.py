@@ -1,12 +1,21 @@
-"""A Llama whose attention keeps the first ``S`` and the last ``W`` tokens, as the torch runner does.
+"""vLLM's own models (Llama, Llama 3, Mistral, Qwen2, Qwen3) with sinks + window attention layers.
 
 vLLM's attention kernels know a sliding window but not sinks beside it, and score every key
 with one rotated query. Sinks need a second query rotation (the query at its in-cache
-position, see ``positions.py``), so each layer rotates the query twice and hands both to a
-sinks + window attention backend (``attn_backend.py``) through vLLM's own attention op:
-a sliding-window pass and a sink pass, merged by log-sum-exp. The rest of the model
-(weights, MLP, norms, sampling, scheduling) is vLLM's own Llama. Enabled by ``hf_overrides`` naming
-``SINK_WINDOW_ARCH`` with ``metronome_window`` and ``metronome_sinks``.
+position, see ``positions.py``). So each of vLLM's model classes is built as vLLM builds it
+(its loaders, linear layers, quantization and tensor parallelism unchanged), then in every
+attention module two submodules are swapped:
+
+- ``attn`` for ``SinkWindowAttention``, vLLM's attention layer run by the sinks + window
+  backend (``attn_backend.py``), which also gets the model's RoPE: on CPU it relocates the
+  sinks with it and runs one fused pass;
+- ``rotary_emb`` for ``SinkWindowRope``, which rotates as the model's own does or, for a
+  backend that scores the sinks in a pass of their own (CUDA's FlashAttention one), also
+  returns the query rotated at its in-cache position, packed as one ``[T, 2 * H * d]`` tensor.
+
+The attention modules' own ``forward`` (q/k/v bias, Qwen3's q/k norm, ...) runs unchanged
+between the two. Enabled by ``hf_overrides`` naming ``sink_window_arch(arch)`` with
+``metronome_window`` and ``metronome_sinks``.
 """
 
 from __future__ import annotations
@@ -14,25 +23,38 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from torch import Tensor
-from vllm.config import get_current_vllm_config
+from torch import Tensor, nn
 from vllm.model_executor.layers.attention import Attention
 from vllm.model_executor.layers.rotary_embedding.base import RotaryEmbeddingBase
-from vllm.model_executor.models.llama import LlamaAttention, LlamaDecoderLayer, LlamaForCausalLM
+from vllm.model_executor.models.llama import LlamaForCausalLM
+from vllm.model_executor.models.mistral import MistralForCausalLM
+from vllm.model_executor.models.qwen2 import Qwen2ForCausalLM
+from vllm.model_executor.models.qwen3 import Qwen3ForCausalLM
+from vllm.v1.attention.backend import AttentionType
 from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
+from .attention import Rotate
 from .attn_backend import select_backend
 from .kv_spec import SinkWindowSpec
 from .positions import in_cache_positions
 
-__all__ = ["SinkWindowAttention", "SinkWindowLlamaForCausalLM"]
+__all__ = [
+    "SinkWindowAttention",
+    "SinkWindowLlamaForCausalLM",
+    "SinkWindowMistralForCausalLM",
+    "SinkWindowQwen2ForCausalLM",
+    "SinkWindowQwen3ForCausalLM",
+    "SinkWindowRope",
+]
 
 
 class SinkWindowAttention(Attention):  # type: ignore[misc]
     """vLLM's attention layer, run by a sinks + window backend (``attn_backend.py``).
 
     Its KV cache spec is ``SinkWindowSpec`` (full-attention pages; blocks between the sinks
-    and the window are freed by ``SinkWindowManager``).
+    and the window are freed by ``SinkWindowManager``). With sinks it takes the packed query
+    of ``SinkWindowRope`` where its backend wants one; its output keeps vLLM's shape
+    (``[T, H * d]``, from the token count).
     """
 
     def __init__(self, *args: Any, window: int, sinks: int, **kwargs: Any) -> None:
@@ -55,6 +77,45 @@ class SinkWindowAttention(Attention):  # type: ignore[misc]
         )
 
 
+class SinkWindowRope(nn.Module):
+    """The model's rotary embedding, called as the attention modules call theirs
+    (``q, k = rotary_emb(positions, q, k)``).
+
+    With ``pack`` (a backend that scores the sinks in a pass of their own) it also rotates
+    the query to its in-cache position and returns ``cat(q at stream index, q at in-cache
+    position)`` on the last axis; otherwise it rotates as the model's own does (the backend
+    relocates the sinks instead).
+    """
+
+    def __init__(self, rope: nn.Module, *, window: int, sinks: int, pack: bool) -> None:
+        super().__init__()
+        self.rope = rope
+        self.window = window
+        self.sinks = sinks
+        self.pack = pack and sinks > 0
+
+    def forward(self, positions: Tensor, query: Tensor, key: Tensor) -> tuple[Tensor, Tensor]:
+        if not self.pack:
+            q, k = self.rope(positions, query, key)
+            return q, k
+        at = in_cache_positions(positions, window=self.window, sinks=self.sinks)
+        # rotary embedding works in place on CPU: rotate a copy
+        q_sink, _ = self.rope(at, query.clone(), None)
+        q, k = self.rope(positions, query.contiguous(), key.contiguous())
+        return torch.cat((q, q_sink), dim=-1), k
+
+
+def rotation(rope: Any) -> Rotate:
+    """``rope`` as ``attention.Rotate``: ``x [N, heads, d]`` rotated on by ``positions [N]`` (a copy)."""
+
+    def rotate(positions: Tensor, x: Tensor) -> Tensor:
+        # torch ops: vLLM's CPU rotary kernel crashed here on a query of a few rows and no key
+        out, _ = rope.forward_native(positions, x.reshape(x.shape[0], -1), None)
+        return out.view_as(x)  # type: ignore[no-any-return]
+
+    return rotate
+
+
 def extend_rope(rope: Any, length: int) -> None:
     """Give a RoPE table ``length`` positions, computed in float64 (idempotent).
 
@@ -69,8 +130,8 @@ def extend_rope(rope: Any, length: int) -> None:
         return
     if type(rope)._compute_cos_sin_cache is not RotaryEmbeddingBase._compute_cos_sin_cache:
         raise ValueError(
-            f"{type(rope).__name__} scales positions itself; the sinks + window backend can extend only plain "
-            f"RoPE tables (Llama, Llama 3). Set max_model_len <= {rope.cos_sin_cache.shape[0]}"
+            f"{type(rope).__name__} scales positions itself; the sinks + window backend can extend only "
+            f"RoPE tables that scale frequencies (plain, Llama 3). Set max_model_len <= {rope.cos_sin_cache.shape[0]}"
         )
     inv_freq = rope._compute_inv_freq(rope.base).to(torch.float64)
     freqs = torch.outer(torch.arange(length, dtype=torch.float64), inv_freq)
@@ -79,55 +140,63 @@ def extend_rope(rope: Any, length: int) -> None:
     rope.max_position_embeddings = length
 
 
-class SinkWindowLlamaAttention(LlamaAttention):  # type: ignore[misc]
-    """Llama attention that also rotates the query to its in-cache position for the sinks."""
-
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        config = kwargs["config"]
-        self.window = int(config.metronome_window)
-        self.sinks = int(config.metronome_sinks)
-        vllm_config = get_current_vllm_config()
-        # LlamaAttention built a stock Attention under this name: replace it by the sinks + window one
-        old: Any = self._modules["attn"]  # nn.Module keeps submodules here
+def swap_attention_layers(model: nn.Module, *, window: int, sinks: int, vllm_config: Any) -> int:
+    """In every attention module of ``model`` (one holding ``attn`` and ``rotary_emb``), swap both
+    for the sinks + window ones. Returns how many modules were swapped."""
+    forward_context = vllm_config.compilation_config.static_forward_context
+    length = int(vllm_config.model_config.max_model_len)
+    swapped = 0
+    for module in list(model.modules()):
+        old = getattr(module, "attn", None)
+        rope = getattr(module, "rotary_emb", None)
+        if not isinstance(old, Attention) or rope is None or isinstance(old, SinkWindowAttention):
+            continue
+        if old.attn_type != AttentionType.DECODER or old.sliding_window is not None:
+            raise ValueError(
+                f"{old.layer_name} is a {old.attn_type} attention layer with sliding_window={old.sliding_window}; "
+                "the sinks + window backend replaces full causal decoder attention only"
+            )
         name = old.layer_name
-        del vllm_config.compilation_config.static_forward_context[name]
-        self.attn = SinkWindowAttention(
+        # the stock layer registered itself under this name: the sinks + window one takes it over
+        del forward_context[name]
+        module.attn = SinkWindowAttention(
             old.num_heads,
             old.head_size,
             old.impl.scale,
             num_kv_heads=old.num_kv_heads,
-            cache_config=kwargs.get("cache_config"),
-            quant_config=kwargs.get("quant_config"),
+            cache_config=vllm_config.cache_config,
+            quant_config=old.quant_config,
             prefix=name,
-            window=self.window,
-            sinks=self.sinks,
+            window=window,
+            sinks=sinks,
         )
-        extend_rope(self.rotary_emb, int(vllm_config.model_config.max_model_len))
-
-    def forward(self, positions: Tensor, hidden_states: Tensor) -> Tensor:
-        qkv, _ = self.qkv_proj(hidden_states)
-        q, k, v = qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)
-        q_sink: Tensor | None = None
-        if self.sinks:
-            at = in_cache_positions(positions, window=self.window, sinks=self.sinks)
-            # rotary embedding works in place on CPU: rotate a copy
-            q_sink, _ = self.rotary_emb(at, q.clone(), None)
-        q, k = self.rotary_emb(positions, q.contiguous(), k.contiguous())
-        # the backend takes both rotations of the query as one [T, 2 * H * d] tensor
-        packed = q if q_sink is None else torch.cat((q, q_sink), dim=-1)
-        out = self.attn(packed, k, v, output_shape=torch.Size((q.shape[0], self.q_size)))
-        output, _ = self.o_proj(out)
-        return output  # type: ignore[no-any-return]
+        extend_rope(rope, length)
+        backend = module.attn.attn_backend
+        module.rotary_emb = SinkWindowRope(rope, window=window, sinks=sinks, pack=backend.packs_sink_query)
+        module.attn.impl.rotate = rotation(rope)
+        swapped += 1
+    if not swapped:
+        raise ValueError(f"{type(model).__name__} has no attention module with attn and rotary_emb to swap")
+    return swapped
 
 
-class SinkWindowDecoderLayer(LlamaDecoderLayer):  # type: ignore[misc]
-    def __init__(self, vllm_config: Any, prefix: str = "", config: Any = None) -> None:
-        super().__init__(vllm_config, prefix, config, attn_layer_type=SinkWindowLlamaAttention)
+def _sink_window_model(base: type[nn.Module]) -> type[nn.Module]:
+    """``base`` (one of vLLM's model classes) built as vLLM builds it, then its attention swapped."""
+
+    def __init__(self: nn.Module, *, vllm_config: Any, prefix: str = "") -> None:
+        base.__init__(self, vllm_config=vllm_config, prefix=prefix)  # type: ignore[call-arg]
+        config = vllm_config.model_config.hf_config
+        swap_attention_layers(
+            self, window=int(config.metronome_window), sinks=int(config.metronome_sinks), vllm_config=vllm_config
+        )
+
+    name = f"SinkWindow{base.__name__}"
+    doc = f"vLLM's ``{base.__name__}`` with sinks + window attention layers (same weights, same names)."
+    return type(name, (base,), {"__init__": __init__, "__doc__": doc, "__module__": __name__})
 
 
-class SinkWindowLlamaForCausalLM(LlamaForCausalLM):  # type: ignore[misc]
-    """vLLM's Llama with sinks + window attention layers (same weights, same names)."""
-
-    def __init__(self, *, vllm_config: Any, prefix: str = "") -> None:
-        super().__init__(vllm_config=vllm_config, prefix=prefix, layer_type=SinkWindowDecoderLayer)
+# registered by ``plugin.register`` under ``plugin.sink_window_arch`` of their base's name
+SinkWindowLlamaForCausalLM = _sink_window_model(LlamaForCausalLM)
+SinkWindowMistralForCausalLM = _sink_window_model(MistralForCausalLM)
+SinkWindowQwen2ForCausalLM = _sink_window_model(Qwen2ForCausalLM)
+SinkWindowQwen3ForCausalLM = _sink_window_model(Qwen3ForCausalLM)

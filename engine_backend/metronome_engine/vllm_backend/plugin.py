@@ -1,4 +1,4 @@
-"""The vLLM general plugin: registers the sinks + window KV spec and the model that scores it.
+"""The vLLM general plugin: registers the sinks + window KV spec and the models that score it.
 
 vLLM calls ``register`` in every process that builds an engine (entry point
 ``vllm.general_plugins`` -> ``metronome = metronome_engine.vllm_backend.plugin:register``);
@@ -7,12 +7,27 @@ vLLM calls ``register`` in every process that builds an engine (entry point
 
 from __future__ import annotations
 
-__all__ = ["SINK_WINDOW_ARCH", "register"]
+__all__ = ["SINK_WINDOW_FAMILIES", "register", "sink_window_arch"]
 
-# the architecture name a windowed backend asks vLLM for (through hf_overrides)
-SINK_WINDOW_ARCH = "MetronomeSinkWindowLlamaForCausalLM"
+# vLLM's architecture -> its sinks + window variant in ``model.py`` (vLLM's own class, attention swapped)
+SINK_WINDOW_FAMILIES = {
+    "LlamaForCausalLM": "SinkWindowLlamaForCausalLM",
+    "MistralForCausalLM": "SinkWindowMistralForCausalLM",
+    "Qwen2ForCausalLM": "SinkWindowQwen2ForCausalLM",
+    "Qwen3ForCausalLM": "SinkWindowQwen3ForCausalLM",
+}
 
 _registered = False
+
+
+def sink_window_arch(arch: str) -> str:
+    """The architecture name a windowed backend asks vLLM for (through ``hf_overrides``) for ``arch``."""
+    if arch not in SINK_WINDOW_FAMILIES:
+        raise ValueError(
+            f"architecture {arch!r} has no sinks + window variant in the vLLM backend; "
+            f"it serves {sorted(SINK_WINDOW_FAMILIES)} (or use KVPolicy.full())"
+        )
+    return f"Metronome{SINK_WINDOW_FAMILIES[arch]}"
 
 
 def register() -> None:
@@ -32,6 +47,9 @@ def register() -> None:
     # grouped with full attention: same page layout, only the freeing differs
     KVCacheSpecRegistry.register(SinkWindowSpec, SinkWindowManager, uniform_type_base_spec=FullAttentionSpec)
     register_backends()
-    if SINK_WINDOW_ARCH not in ModelRegistry.get_supported_archs():
-        ModelRegistry.register_model(SINK_WINDOW_ARCH, "metronome_engine.vllm_backend.model:SinkWindowLlamaForCausalLM")
+    supported = ModelRegistry.get_supported_archs()
+    for arch, cls in SINK_WINDOW_FAMILIES.items():
+        name = sink_window_arch(arch)
+        if name not in supported:
+            ModelRegistry.register_model(name, f"metronome_engine.vllm_backend.model:{cls}")
     _registered = True
