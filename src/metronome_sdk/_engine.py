@@ -110,7 +110,7 @@ class Engine:
         self.codec: FrameCodec = codec or FixedRateCodec()
         self.silent = silent
         self.metrics = EngineMetrics()
-        self._counters = Counters(self.metrics)
+        self._counters = Counters(self.metrics, growth_window=self.timing.growth_window)
         self._core: EngineBackend | None = core
         self._tokenizer = tokenizer
         self._clock = clock
