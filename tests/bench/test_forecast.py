@@ -121,7 +121,8 @@ def test_talk_is_seeded_starts_with_a_turn_and_varies() -> None:
     assert loads[0] == FrameLoad(TalkMix().speech_tokens)  # a first frame must carry input
     kinds = {s.kind for s in a.segments}
     assert kinds == {"silence", "turn", "answer"}
-    assert {FrameLoad(0), FrameLoad(8)} <= set(loads) and any(fl.decode > 1 for fl in loads)
+    assert {FrameLoad(1), FrameLoad(8)} <= set(loads) and any(fl.decode > 1 for fl in loads)
+    assert all(fl.tokens >= 1 for fl in loads)  # never empty: a frame after a stalled one must carry input
     assert a.load(5) == loads[5]  # asking again, or out of order, gives the same frame
     assert [fl for fl in loads] != [Talk(seed=4, period=0.08).load(i) for i in range(2000)]
     plans = [SessionPlan(0, 0.0, 5.0), SessionPlan(1, 0.0, 5.0)]

@@ -39,6 +39,7 @@ __all__ = ["Family", "ForecastConfig", "ForecastRun", "WINDOWS", "run_forecast",
 Family = Literal["full", "calm", "window"]
 FAMILIES: tuple[Family, ...] = ("full", "calm", "window")
 WINDOWS: tuple[float, ...] = (1.0, 2.5, 5.0, 10.0, 20.0)  # growth windows replayed, seconds
+ALARMS: tuple[float, ...] = (1.0, 2.0, 5.0, 10.0, 20.0)  # alarm thresholds scored, seconds
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -49,7 +50,7 @@ class ForecastConfig(StreamExperiment):
     window: int = 256
     sinks: int = 4
     block_size: int = 16
-    pool: int = 500  # blocks: most full runs fill it in 20-35 s
+    pool: int = 560  # blocks: most full runs fill it in 20-35 s
     calm_pool_scale: float = 1.4
     arrival_spread: float = 15.0  # seconds
     duration: tuple[float, float] = (15.0, 50.0)  # seconds
@@ -58,6 +59,7 @@ class ForecastConfig(StreamExperiment):
     windows: tuple[float, ...] = WINDOWS
     leads: tuple[float, ...] = LEADS
     alarm: float = ALARM_S
+    alarms: tuple[float, ...] = ALARMS  # thresholds also scored on the live gauge: lead against false alarms
     mix: TalkMix = field(default_factory=TalkMix)
     families: tuple[Family, ...] = FAMILIES
     seed: int = 0
@@ -242,6 +244,12 @@ def summarize_forecast(config: ForecastConfig, runs: list[ForecastRun]) -> dict[
             "peak_occupancy_max": round(max((r.peak_occupancy for r in mine), default=0.0), 4),
             "live": summarize_scores([r.score for r in mine]),
             "by_window": {f"{w:g}": summarize_scores([r.replays[w] for r in mine]) for w in config.windows},
+            "by_alarm": {
+                f"{a:g}": summarize_scores([score(r.series, r.score.stall_at, leads=(), threshold=a) for r in mine])[
+                    "alarm"
+                ]
+                for a in config.alarms
+            },
             "replay_max_diff_s": max((r.replay_max_diff for r in mine), default=0.0),
             "per_run": [r.as_dict(config.series_every) for r in mine],
         }
@@ -260,6 +268,7 @@ def summarize_forecast(config: ForecastConfig, runs: list[ForecastRun]) -> dict[
         "windows_s": list(config.windows),
         "leads_s": list(config.leads),
         "alarm_s": config.alarm,
+        "alarms_s": list(config.alarms),
         "mix": {
             "shares": {"silence": config.mix.silence, "turn": config.mix.turn, "answer": config.mix.answer},
             "seconds": {"silence": config.mix.silence_s, "turn": config.mix.turn_s, "answer": config.mix.answer_s},

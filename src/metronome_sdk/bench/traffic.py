@@ -1,9 +1,10 @@
 """Traffic that is not nominal: a session's tokens per frame drawn from a conversation's pieces.
 
-A conversation opens with a user turn, then alternates seeded *segments*: silence (an empty frame every tick: the model
-appends its own token and talks on, one token a tick), a short user turn (speech frames of
-``speech_tokens`` tokens, as ``FixedRateCodec`` makes them), and a long answer (empty frames
-whose output carries several tokens a tick, as a speaking model's does). Each segment's kind,
+A conversation opens with a user turn, then alternates seeded *segments*: silence (a frame of
+one token, what an audio codec emits for a quiet frame, plus the model's own fed-back token),
+a short user turn (speech frames of ``speech_tokens`` tokens, as ``FixedRateCodec`` makes
+them), and a long answer (quiet input frames whose output carries several tokens a tick, as a
+speaking model's does). No frame is empty: a frame after a stalled one must carry input. Each segment's kind,
 length and answer rate come from one generator per session, so a run is repeatable and no
 two sessions grow alike: the growth rate behind ``t_sat`` has to be measured.
 """
@@ -82,11 +83,11 @@ class Talk:
             kind = "turn"  # the user speaks first: a session's first frame must carry input
         seconds = rng.uniform(*getattr(m, f"{kind}_s"))
         if kind == "silence":
-            load = FrameLoad(0)
+            load = FrameLoad(1)
         elif kind == "turn":
             load = FrameLoad(m.speech_tokens)
         else:
-            load = FrameLoad(0, decode=rng.randint(*m.answer_tokens))
+            load = FrameLoad(1, decode=rng.randint(*m.answer_tokens))
         frames = max(1, round(seconds / self.period))
         self.segments.append(Segment(kind, frames, load))
         self._ends.append((self._ends[-1] if self._ends else 0) + frames)

@@ -13,7 +13,7 @@ from ._bench_common import add_common, machine, positive_float, save_report, set
 def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--runs", type=int, default=20, help="runs per family: full, calm, window (default 20)")
     p.add_argument("--sessions", type=int, default=8, help="sessions per run (default 8)")
-    p.add_argument("--pool", type=int, default=500, help="blocks in the full runs' pool (default 500)")
+    p.add_argument("--pool", type=int, default=560, help="blocks in the full runs' pool (default 560)")
     p.add_argument("--alarm", type=positive_float, default=10.0, help="the alarm scored: t_sat under this many s")
     p.add_argument(
         "--growth-window",
@@ -77,6 +77,18 @@ def _run(args: argparse.Namespace) -> int:
             for w, s in report["full"]["by_window"].items()
         ],
     )
+    print("\nthe alarm t_sat < A on the live gauge: fired before the collapse (full), false alarms (calm, window):")
+    print_table(
+        [
+            "A s",
+            "full: before collapse",
+            "min lead s",
+            "median lead s",
+            "calm: false alarm runs",
+            "window: false alarms",
+        ],
+        [_alarm_row(a, report, config.families) for a in report["full"]["by_alarm"]] if "full" in report else [],
+    )
     print(f"\nplots: {', '.join(report['plots'])}; report: {saved}  ({report['seconds']} s)")
     return 0
 
@@ -101,6 +113,23 @@ def _window_row(window: str, summary: dict[str, Any], leads: list[str], *, live:
         err = "-" if s["rel_err_median"] is None else f"{s['rel_err_median']:.3f}"
         cells.append(f"{err} ({s['runs']}, {s['misses']})")
     return cells
+
+
+def _alarm_row(a: str, report: dict[str, Any], families: tuple[str, ...]) -> list[Any]:
+    full = report["full"]["by_alarm"][a]
+    row: list[Any] = [
+        a,
+        f"{full['fired_before_collapse']} / {full['collapses']}",
+        full["lead_s_min"],
+        full["lead_s_median"],
+    ]
+    for family in ("calm", "window"):
+        if family in families:
+            got = report[family]["by_alarm"][a]
+            row.append(f"{got['false_alarm_runs']} / {got['runs_without_collapse']}")
+        else:
+            row.append("-")
+    return row
 
 
 BENCH_FORECAST = Command(
