@@ -106,6 +106,7 @@ class ForecastRun:
     replay_max_diff: float  # the replay at the engine's window against the live gauge (0: the same)
     peak_occupancy: float
     seconds: float
+    tick_interval: float  # mean seconds between ticks: the period when the engine keeps time
 
     def as_dict(self, every: int = 1) -> dict[str, Any]:
         return {
@@ -114,6 +115,7 @@ class ForecastRun:
             "pool_blocks": self.pool_blocks,
             "collapsed": self.score.collapsed,
             "peak_occupancy": round(self.peak_occupancy, 4),
+            "tick_interval_ms": round(self.tick_interval * 1e3, 2),
             "forecast": self.score.as_dict(),
             "replay_max_diff_s": round(self.replay_max_diff, 9),
             "gauge": {
@@ -194,6 +196,7 @@ async def _one_run(config: ForecastConfig, model: LlamaModel, family: Family, ru
         replay_max_diff=_max_diff(series, own),
         peak_occupancy=max((p.occupancy for p in series), default=0.0),
         seconds=time.monotonic() - started,
+        tick_interval=(series[-1].time - series[0].time) / (len(series) - 1) if len(series) > 1 else 0.0,
     )
 
 
@@ -251,6 +254,8 @@ def summarize_forecast(config: ForecastConfig, runs: list[ForecastRun]) -> dict[
                 for a in config.alarms
             },
             "replay_max_diff_s": max((r.replay_max_diff for r in mine), default=0.0),
+            # ticks late behind the period: a loaded machine, which the wall-clock gauge sees as slower growth
+            "tick_interval_ms_mean": round(sum(r.tick_interval for r in mine) / len(mine) * 1e3, 2) if mine else None,
             "per_run": [r.as_dict(config.series_every) for r in mine],
         }
     out["config"] = {

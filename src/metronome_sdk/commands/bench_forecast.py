@@ -66,7 +66,7 @@ def _run(args: argparse.Namespace) -> int:
         return 0
     leads = [f"{lead:g}" for lead in config.leads]
     print_table(
-        ["family", "runs", "collapsed", "pool", "alarm before collapse", "min alarm lead s", "false alarm runs"],
+        ["family", "runs", "collapsed", "pool", "tick ms", "alarm before collapse", "min alarm lead s", "false alarms"],
         [_family_row(f, report[f]) for f in config.families],
     )
     print("\nmedian relative error of the gauge, kv=full, at each lead before the stall (runs scored, misses):")
@@ -100,6 +100,7 @@ def _family_row(family: str, entry: dict[str, Any]) -> list[Any]:
         entry["runs"],
         entry["collapsed"],
         entry["pool_blocks"],
+        entry["tick_interval_ms_mean"],
         f"{alarm['fired_before_collapse']} / {alarm['collapses']}",
         alarm["lead_s_min"],
         f"{alarm['false_alarm_runs']} / {alarm['runs_without_collapse']}",
