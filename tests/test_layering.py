@@ -18,16 +18,7 @@ PACKAGES = {
     "metronome_engine": ROOT / "engine_backend" / "metronome_engine",
 }
 # circles known and owned elsewhere: each must go, and this test fails once one does (so it is removed here)
-KNOWN_CYCLES = {
-    # transports._memory takes the audio helpers from voice._audio, which runs voice/__init__, whose agent
-    # imports transports: the helpers belong in a neutral module (issue #20 item 5; voice/ is being rewritten in #19)
-    (
-        "metronome_sdk.transports",
-        "metronome_sdk.transports._memory",
-        "metronome_sdk.voice",
-        "metronome_sdk.voice._agent",
-    ),
-}
+KNOWN_CYCLES: set[tuple[str, ...]] = set()
 # private helpers the benchmarks still take from the SDK, each with its reason
 PRIVATE_ALLOWED = {
     ("metronome_sdk.bench.cliff", "metronome_sdk._admission"),  # percentile(): the same estimator as admission's

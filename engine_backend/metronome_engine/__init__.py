@@ -1,20 +1,21 @@
 """The in-process engine: bounded KV (window + pinned sinks) over a fixed block pool.
 
 Sync and torch-only; the SDK drives it from a worker thread. ``EngineBackend`` is the
-interface it drives; ``metronome_engine.vllm_backend`` implements it on vLLM. ``BlockPool``,
-``KVPolicy`` and ``SequenceKV`` need no torch.
+interface it drives (with its value types ``StepRequest``, ``StepOutput``, ``Stall``,
+``PoolStats``, all in ``backend.py``); ``metronome_engine.vllm_backend`` implements it on
+vLLM. The interface, ``BlockPool``, ``KVPolicy`` and ``SequenceKV`` need no torch.
 """
 
 from typing import TYPE_CHECKING
 
-from .backend import EngineBackend
+from .backend import EngineBackend, PoolStats, Stall, StepOutput, StepRequest
 from .block_pool import BlockPool
 from .kv_policy import KVPolicy
 from .sequence import SequenceKV
 
 if TYPE_CHECKING:
     from .config import ModelConfig
-    from .engine import EngineCore, PoolStats, Stall, StepOutput, StepRequest
+    from .engine import EngineCore
     from .sampling import SamplingParams
 
 __all__ = [
@@ -34,10 +35,10 @@ __all__ = [
 
 def __getattr__(name: str) -> object:
     # torch-backed names load on first use, so the pool and the policy import without torch
-    if name in ("EngineCore", "StepRequest", "StepOutput", "Stall", "PoolStats"):
-        from . import engine
+    if name == "EngineCore":
+        from .engine import EngineCore
 
-        return getattr(engine, name)
+        return EngineCore
     if name == "SamplingParams":
         from .sampling import SamplingParams
 

@@ -7,17 +7,71 @@ two implementations; capacity is a value (``StepOutput.stall``), never an except
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from .kv_policy import KVPolicy
 
 if TYPE_CHECKING:
+    from torch import Tensor
+
     from .config import ModelConfig
-    from .engine import PoolStats, StepOutput, StepRequest
     from .sampling import SamplingParams
 
-__all__ = ["EngineBackend", "validate_step"]
+__all__ = ["EngineBackend", "PoolStats", "Stall", "StepOutput", "StepRequest", "validate_step"]
+
+
+class Stall(enum.Enum):
+    """Why a session got no output from a step."""
+
+    POOL_EXHAUSTED = "pool_exhausted"
+    # non-finite logits in the session's rows: its KV is corrupt, so the engine dropped it
+    NUMERIC_FAULT = "numeric_fault"
+    # the session reached the longest stream the backend can hold (vLLM's max_model_len)
+    CONTEXT_LIMIT = "context_limit"
+
+
+@dataclass(frozen=True, slots=True)
+class StepRequest:
+    """Append ``tokens`` to session ``seq_id``; sample the next token unless ``sample=False``.
+
+    ``all_logits`` returns the logits of every new token (for scoring text);
+    ``return_logits`` returns the last token's logits.
+    """
+
+    seq_id: int
+    tokens: Sequence[int]
+    sample: bool = True
+    return_logits: bool = False
+    all_logits: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class StepOutput:
+    seq_id: int
+    token: int | None = None
+    logits: Tensor | None = None  # [vocab], or [n_new, vocab] with all_logits
+    stall: Stall | None = None
+    num_tokens: int = 0  # tokens appended so far (stream length)
+    num_blocks: int = 0  # blocks the session holds after the step
+
+    @property
+    def ok(self) -> bool:
+        return self.stall is None
+
+
+@dataclass(frozen=True, slots=True)
+class PoolStats:
+    num_blocks: int
+    used_blocks: int
+    block_size: int
+    sequences: int
+
+    @property
+    def occupancy(self) -> float:
+        return self.used_blocks / self.num_blocks
 
 
 @runtime_checkable

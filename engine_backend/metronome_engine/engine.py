@@ -10,7 +10,6 @@ raises changes nothing: reservations are rolled back and no session is committed
 
 from __future__ import annotations
 
-import enum
 import itertools
 import json
 import logging
@@ -23,7 +22,7 @@ import torch
 from torch import Tensor
 
 from .attention import AttentionBatch, SeqChunk, StepTokens
-from .backend import validate_step
+from .backend import PoolStats, Stall, StepOutput, StepRequest, validate_step
 from .batch_view import BatchView
 from .block_pool import BlockPool
 from .kv_cache import KVCache
@@ -39,7 +38,7 @@ if TYPE_CHECKING:
     from .kernels import Isa
     from .kernels.choice import KernelChoice
 
-__all__ = ["EngineCore", "Kernels", "StepRequest", "StepOutput", "Stall", "PoolStats", "resolve_kernels"]
+__all__ = ["EngineCore", "Kernels", "resolve_kernels"]
 
 log = logging.getLogger(__name__)
 
@@ -91,57 +90,6 @@ def auto_choice(config: ModelConfig | None = None, *, model: str | os.PathLike[s
 
         config = ModelConfig.from_hf(read_config(resolve_model_dir(model or DEFAULT_MODEL)))
     return choose_kernels(config)
-
-
-class Stall(enum.Enum):
-    """Why a session got no output from a step."""
-
-    POOL_EXHAUSTED = "pool_exhausted"
-    # non-finite logits in the session's rows: its KV is corrupt, so the engine dropped it
-    NUMERIC_FAULT = "numeric_fault"
-    # the session reached the longest stream the backend can hold (vLLM's max_model_len)
-    CONTEXT_LIMIT = "context_limit"
-
-
-@dataclass(frozen=True, slots=True)
-class StepRequest:
-    """Append ``tokens`` to session ``seq_id``; sample the next token unless ``sample=False``.
-
-    ``all_logits`` returns the logits of every new token (for scoring text);
-    ``return_logits`` returns the last token's logits.
-    """
-
-    seq_id: int
-    tokens: Sequence[int]
-    sample: bool = True
-    return_logits: bool = False
-    all_logits: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class StepOutput:
-    seq_id: int
-    token: int | None = None
-    logits: Tensor | None = None  # [vocab], or [n_new, vocab] with all_logits
-    stall: Stall | None = None
-    num_tokens: int = 0  # tokens appended so far (stream length)
-    num_blocks: int = 0  # blocks the session holds after the step
-
-    @property
-    def ok(self) -> bool:
-        return self.stall is None
-
-
-@dataclass(frozen=True, slots=True)
-class PoolStats:
-    num_blocks: int
-    used_blocks: int
-    block_size: int
-    sequences: int
-
-    @property
-    def occupancy(self) -> float:
-        return self.used_blocks / self.num_blocks
 
 
 @dataclass(slots=True)

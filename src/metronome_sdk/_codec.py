@@ -1,8 +1,9 @@
 """Frame codecs: how input frames become the tokens a session appends.
 
-Audio goes through a pluggable ``FrameCodec``. The default turns every frame into
-the same number of tokens, so each session's KV grows at a constant rate per
-second, as an interaction model's audio frames do (Moshi: 12.5 Hz, a few tokens each).
+Audio goes through a ``FrameCodec`` the application names (``Engine(codec=...)``; there is
+no default, since a text model has no audio tokens). ``FixedRateCodec`` turns every frame
+into the same number of tokens, so each session's KV grows at a constant rate per second,
+as an interaction model's audio frames do (Moshi: 12.5 Hz, a few tokens each).
 Text goes through the model's tokenizer and chat template.
 """
 

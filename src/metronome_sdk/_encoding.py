@@ -42,8 +42,9 @@ class InputEncoder:
             assert frame.sample_rate is not None
             if self.codec is None:
                 raise ValueError(
-                    "an audio frame needs a codec to become tokens; pass codec= to Engine "
-                    "(a FrameCodec), or send text or token frames"
+                    "an audio frame needs a codec to become tokens, and this engine has none: pass codec= to "
+                    "Engine (a FrameCodec; metronome.FixedRateCodec() carries audio's load, not its meaning), "
+                    "or send text (the voice path transcribes speech) or token frames; nothing was queued"
                 )
             source = f"the codec {self.codec!r}"
             try:

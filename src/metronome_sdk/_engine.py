@@ -35,7 +35,7 @@ from metronome_engine import EngineBackend, PoolStats, SamplingParams
 from ._admission import UNMEASURED_LIMIT, AIMDAdmitter, MemoryGuard
 from ._calibrate import calibrate
 from ._channel import Pending, SessionChannel, State
-from ._codec import FixedRateCodec, FrameCodec, TextTokenizer
+from ._codec import FrameCodec, TextTokenizer
 from ._config import AdmissionConfig, EngineConfig, ReliabilityConfig, TimingConfig
 from ._cost import StepCost
 from ._counters import Counters, Fault
@@ -72,6 +72,8 @@ class Engine:
     both. ``clock`` measures per-frame latency, growth and admission
     decisions (inject one to control time in tests); ticks themselves are paced in real
     time, one every ``timing.period``. ``on_tick`` receives a ``TickReport`` after every tick.
+    ``codec`` turns audio frames into tokens (a ``FrameCodec``); there is no default, so an
+    audio frame sent to an engine without one is refused with a ``ValueError`` naming ``codec=``.
     ``reliability`` sets the slow-consumer policy, step retries, the watchdog and when
     repeated failures shut the engine down (``ReliabilityConfig``).
     ``silent=True`` is the legacy behaviour of serving engines, kept only so benchmarks
@@ -107,7 +109,7 @@ class Engine:
         self.timing = timing or TimingConfig()
         self.admission_config = admission or AdmissionConfig()
         self.reliability = reliability or ReliabilityConfig()
-        self.codec: FrameCodec = codec or FixedRateCodec()
+        self.codec = codec  # none by default: audio frames need one named (codec=), text and tokens do not
         self.silent = silent
         self.metrics = EngineMetrics()
         self._counters = Counters(self.metrics, growth_window=self.timing.growth_window)

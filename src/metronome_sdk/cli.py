@@ -6,6 +6,7 @@ import argparse
 import sys
 from collections.abc import Sequence
 
+from ._extras import MissingExtra
 from .commands import COMMANDS
 
 __all__ = ["main", "build_parser"]
@@ -33,7 +34,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         return int(args.run(args) or 0)
-    except ValueError as exc:  # bad input: one clear line, no traceback
+    except (ValueError, MissingExtra) as exc:  # bad input or an extra not installed: one clear line, no traceback
         print(f"metronome: error: {exc}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

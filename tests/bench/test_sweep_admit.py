@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import anyio
+
 from metronome_sdk import AdmissionConfig
 from metronome_sdk.bench.admit import AdmitConfig, converged_cap, run_admit
 from metronome_sdk.bench.admit import summarize as summarize_admit
-from metronome_sdk.bench.sweep import SweepConfig, n_sched, run_sweep
+from metronome_sdk.bench.sweep import SweepConfig, find_knee, n_sched, run_sweep, search_n_sched
 from metronome_sdk.bench.sweep import summarize as summarize_sweep
 
 
@@ -19,6 +21,44 @@ def test_n_sched_is_the_largest_n_whose_p99_meets_the_deadline() -> None:
     # one noisy point below the wall (a load spike on a shared CPU) does not hide the larger N
     noisy = [{"n": 1, "p99_ms": 100.0}, {"n": 4, "p99_ms": 8000.0}, {"n": 8, "p99_ms": 400.0}]
     assert n_sched(noisy, 500.0) == 8
+
+
+def test_the_knee_search_ends_next_to_the_first_count_that_misses() -> None:
+    for knee in (0, 1, 2, 3, 7, 11, 16, 40):
+        asked: list[int] = []
+
+        async def meets(n: int, knee: int = knee, asked: list[int] = asked) -> bool:
+            asked.append(n)
+            return n <= knee
+
+        assert anyio.run(lambda: find_knee(meets, limit=64)) == knee
+        assert knee + 1 in asked  # the count just past the knee was measured to miss
+        assert len(asked) <= 2 * (knee + 1).bit_length() + 1  # O(log N) points, not a linear sweep
+
+    # every count up to the limit meets: the limit, said as such
+    async def always(n: int) -> bool:
+        return True
+
+    assert anyio.run(lambda: find_knee(always, limit=20)) == 16
+
+
+def test_admit_demand_and_pool_sit_above_the_knee() -> None:
+    config = AdmitConfig(pool_sessions=8, time_scale=0.3).sized_for(12)
+    assert config.pool_sessions == 24  # the memory guard's limit is twice the knee
+    mean = sum(config.duration) / 2 * config.time_scale
+    assert config.arrival_rate * mean >= 24  # about twice the knee open at once
+    assert config.pool_carries < 24  # kv=full still outgrows the pool
+    assert AdmitConfig().sized_for(3).pool_sessions == AdmitConfig().pool_sessions  # never smaller
+
+
+def test_small_search_measures_a_window_point_per_count() -> None:
+    config = SweepConfig(period=0.05, ticks=3, warmup_ticks=1, model="small", policies=("window",))
+    points = search_n_sched(config, limit=4)
+    ns = [p.n for p in points]
+    assert ns[:1] == [1] and all(p.policy == "window" for p in points)
+    assert len(ns) == len(set(ns))  # no count measured twice
+    report = summarize_sweep(config, points)
+    assert report["n_sched"] in ns or report["n_sched"] == 0
 
 
 def test_converged_cap_is_the_median_of_the_second_half() -> None:

@@ -146,3 +146,18 @@ def test_block_pool_and_policy_import_without_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "1"
+
+
+def test_the_backend_interface_and_its_value_types_import_without_torch() -> None:
+    # the vLLM backend and any other implementation take them from backend.py, not from the torch runner
+    import subprocess
+    import sys
+
+    code = (
+        "import sys; sys.modules['torch'] = None\n"
+        "from metronome_engine import EngineBackend, PoolStats, Stall, StepOutput, StepRequest\n"
+        "out = StepOutput(seq_id=1, stall=Stall.POOL_EXHAUSTED)\n"
+        "print(out.ok, StepRequest(1, [5]).tokens, PoolStats(8, 2, 16, 1).occupancy)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False [5] 0.25"

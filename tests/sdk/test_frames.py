@@ -130,3 +130,13 @@ async def test_text_needs_a_tokenizer() -> None:
     async with engine, engine.session() as s:
         with pytest.raises(ValueError, match="tokenizer"):
             await s.send("hello")
+
+
+async def test_an_audio_frame_without_a_codec_is_refused_naming_codec_and_queues_nothing() -> None:
+    async with make_engine(KVPolicy.full(), num_blocks=64) as engine, engine.session() as s:
+        assert engine.codec is None  # no stand-in codec by default
+        with pytest.raises(ValueError, match="codec="):
+            await s.send(InputFrame.from_audio(tone(1280, 0.3), sample_rate=16000))
+        assert s.stats().num_tokens == 0 and s.stats().queued_inputs == 0
+        await s.step(InputFrame.from_tokens([5, 6]))  # the session goes on with what it can take
+        assert s.stats().num_tokens == 2  # its two tokens (the output is fed back with the next frame)

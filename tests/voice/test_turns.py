@@ -9,6 +9,7 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from metronome_sdk._audio import resample
 from metronome_sdk.transports import MemoryTransport
 from metronome_sdk.voice import (
     Playback,
@@ -17,7 +18,6 @@ from metronome_sdk.voice import (
     VoiceAgent,
     default_turn_detector,
 )
-from metronome_sdk.voice._audio import resample
 from tests.sdk.conftest import make_engine
 from tests.webrtc.conftest import FixedSTT, ToneTTS, speak
 

@@ -24,7 +24,7 @@ from aiortc import MediaStreamTrack, RTCPeerConnection, RTCSessionDescription
 from aiortc.mediastreams import MediaStreamError
 from aiortc.rtcsctptransport import DataChunk
 
-from metronome_sdk.voice._audio import level_dbfs, resample
+from metronome_sdk._audio import level_dbfs, resample
 from metronome_sdk.webrtc._peer import _hear_without_playout_delay
 
 RATE = 48000

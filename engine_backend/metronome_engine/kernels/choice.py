@@ -132,7 +132,8 @@ def pick(times: dict[str, dict[str, float]]) -> tuple[str, dict[str, str]]:
 
 
 def _time_path(model: LlamaModel, path: Literal["fused", "torch"], isa: Isa | None) -> dict[str, float]:
-    from ..engine import EngineCore, StepRequest
+    from ..backend import StepRequest
+    from ..engine import EngineCore
     from ..kv_policy import KVPolicy
 
     gen = torch.Generator().manual_seed(0)

@@ -24,9 +24,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any
 
-from ..backend import validate_step
+from ..backend import PoolStats, Stall, StepOutput, StepRequest, validate_step
 from ..config import ModelConfig
-from ..engine import PoolStats, Stall, StepOutput, StepRequest
 from ..kv_policy import KVPolicy
 from ..sampling import SamplingParams
 from ..weights import read_config, resolve_model_dir

@@ -68,6 +68,21 @@ class AdmitConfig(StreamExperiment):
         if self.runs < 1:
             raise ValueError(f"runs must be >= 1, got {self.runs}")
 
+    def sized_for(self, n_sched: int) -> AdmitConfig:
+        """Demand and pool that let latency, not memory or a lack of callers, set the window's cap.
+
+        Sessions arrive fast enough that about twice ``n_sched`` are open at once (the controller
+        grows its cap only under demand), and the pool holds twice ``n_sched`` at the window's
+        bound (the memory guard's limit sits above the knee). ``kv=full`` sessions outgrow that
+        bound several times over, so the full policy's pool still fills.
+        """
+        mean = sum(self.duration) / 2 * self.time_scale
+        return replace(
+            self,
+            pool_sessions=max(self.pool_sessions, 2 * n_sched),
+            arrival_rate=max(self.arrival_rate, 2 * n_sched / mean),
+        )
+
     @property
     def spec(self) -> StreamSpec:
         return StreamSpec(period=self.period, tokens_per_frame=self.tokens_per_frame, lead=0.05 * self.period)
@@ -243,7 +258,7 @@ def summarize(config: AdmitConfig, runs: list[AdmitRun], n_sched: int, sweep: di
         "pool_blocks": config.pool_blocks,
         "memory_guard_limit": config.pool_sessions,
         "run_seconds": config.run_seconds * config.time_scale,
-        "arrival_rate_per_s": config.arrival_rate,
+        "arrival_rate_per_s": round(config.arrival_rate, 3),
         "duration_s": [d * config.time_scale for d in config.duration],
         "admission": {
             "initial_limit": config.admission.initial_limit,  # None: from the engine's calibration

@@ -18,7 +18,12 @@ _COLORS = {"full": "tab:red", "window": "tab:blue"}
 
 
 def _pyplot() -> Any:
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:  # not a core dependency
+        raise ImportError(
+            f"the benchmarks' plots need the [bench] extra: pip install 'metronome-sdk[bench]' ({exc})"
+        ) from exc
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

@@ -15,8 +15,8 @@ from __future__ import annotations
 
 import statistics
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import anyio
@@ -37,7 +37,7 @@ from .workload import (
     run_workload,
 )
 
-__all__ = ["SweepConfig", "SweepPoint", "n_sched", "run_sweep", "sweep_point_from_trace"]
+__all__ = ["SweepConfig", "SweepPoint", "find_knee", "n_sched", "run_sweep", "search_n_sched", "sweep_point_from_trace"]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -194,6 +194,63 @@ def run_sweep(
                 points.append(point)
                 if on_point is not None:
                     on_point(point)
+
+    anyio.run(main)
+    return points
+
+
+async def find_knee(meets: Callable[[int], Awaitable[bool]], *, limit: int) -> int:
+    """The largest N for which ``meets(N)`` holds, found by doubling from 1 and then bisecting.
+
+    Asks about O(log N) counts; stops at ``limit`` when every count up to it meets (0 when 1
+    does not). Assumes that meeting the deadline is monotone in N, as latency is.
+    """
+    good, bad = 0, None
+    n = 1
+    while n <= limit:
+        if not await meets(n):
+            bad = n
+            break
+        good, n = n, 2 * n
+    if bad is None:
+        return good
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        if await meets(mid):
+            good = mid
+        else:
+            bad = mid
+    return good
+
+
+def search_n_sched(
+    config: SweepConfig,
+    *,
+    model: LlamaModel | None = None,
+    limit: int = 64,
+    on_round: Callable[[], None] | None = None,
+    on_point: Callable[[SweepPoint], None] | None = None,
+) -> list[SweepPoint]:
+    """Find the knee under ``kv=window``: N doubles from 1 until a point misses the deadline, then bisects.
+
+    A fixed list of N says nothing past its largest entry (a machine that holds more looks like it
+    holds exactly that many); the search ends with a point that meets the deadline next to one that
+    does not (or at ``limit``), so ``n_sched`` of its points is the knee itself.
+    """
+    net = model if model is not None else bench_model(config.model)
+    deadline_ms = config.frame_deadline * 1e3
+    points: list[SweepPoint] = []
+
+    async def measure(n: int) -> bool:
+        # each point's pool holds its own N at the window's bound (the sweep's pool is sized for max(ns))
+        point = await _point(replace(config, ns=(n,)), net, "window", n, on_round or (lambda: None))
+        points.append(point)
+        if on_point is not None:
+            on_point(point)
+        return point.p99_ms <= deadline_ms  # the criterion of n_sched()
+
+    async def main() -> None:
+        await find_knee(measure, limit=limit)
 
     anyio.run(main)
     return points

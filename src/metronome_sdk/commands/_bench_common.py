@@ -11,6 +11,8 @@ from typing import Any
 
 import torch
 
+from .._extras import require
+
 __all__ = ["add_common", "machine", "positive_float", "save_report", "setup_threads"]
 
 
@@ -44,6 +46,8 @@ def add_common(p: argparse.ArgumentParser) -> None:
 
 
 def setup_threads(args: argparse.Namespace) -> None:
+    """Set torch's threads, and check the plots' extra before a long run rather than after it."""
+    require("matplotlib", extra="bench", feature="metronome bench (its plots)")
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)

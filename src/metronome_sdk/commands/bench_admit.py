@@ -52,14 +52,20 @@ def _run(args: argparse.Namespace) -> int:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"--sweep {args.sweep} is not a readable `bench sweep` report: {exc}") from exc
     elif args.n_sched is None:
-        if args.quick and args.ns is None:
-            args.ns = (1, 3, 6)  # from one: on a slow machine one session may be all it holds
+        from ..bench.sweep import search_n_sched
+
         sc = sweep_config(args, policies=("window",))
         assert isinstance(sc, SweepConfig)
         with progress_bar(len(sc.ns) * (sc.warmup_ticks + sc.measured_ticks + 1), "bench admit: sweep") as bar:
             bar.unit = "tick"
-            points = run_sweep(sc, model=model, on_round=lambda: bar.update(1))
+            if args.ns is None:  # search for the knee: a fixed list says nothing past its largest N
+                bar.total = None
+                points = search_n_sched(sc, model=model, on_round=lambda: bar.update(1))
+                sc = replace(sc, ns=tuple(sorted(p.n for p in points)))
+            else:
+                points = run_sweep(sc, model=model, on_round=lambda: bar.update(1))
         sweep = summarize_sweep(sc, points)
+        sweep["searched"] = args.ns is None
         n_sched = int(sweep["n_sched"])
     else:
         if args.n_sched < 1:
@@ -69,6 +75,7 @@ def _run(args: argparse.Namespace) -> int:
     config = AdmitConfig(runs=args.runs, seed=args.seed, model=args.model, time_scale=scale, kernels=args.kernels)
     if args.quick:  # decisions on fewer frames, a pool that fills within the short run
         config = replace(config, pool_sessions=8, admission=replace(config.admission, min_samples=16))
+    config = config.sized_for(n_sched)
     with progress_bar(round(2 * args.runs * config.run_seconds * scale), "bench admit") as bar:
         bar.unit = "s"
         last = [0.0]

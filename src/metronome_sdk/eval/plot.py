@@ -11,7 +11,12 @@ __all__ = ["plot_quality"]
 
 def plot_quality(report: QualityReport, path: Path) -> Path:
     """Write a small PNG to ``path`` and return it."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError as exc:  # not a core dependency
+        raise ImportError(
+            f"the evaluations' plots need the [bench] extra: pip install 'metronome-sdk[bench]' ({exc})"
+        ) from exc
 
     matplotlib.use("Agg")  # no display here, and none wanted
     import matplotlib.pyplot as plt

@@ -9,8 +9,8 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
+from .._audio import Framer, pcm16, resample
 from .._frames import InputFrame
-from ..voice._audio import Framer, pcm16, resample
 from ._base import Event
 
 __all__ = ["MemoryTransport"]

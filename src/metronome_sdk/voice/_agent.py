@@ -16,12 +16,12 @@ import anyio
 import numpy as np
 import numpy.typing as npt
 
+from .._audio import pcm16, resample
 from .._exceptions import MetronomeError, Overloaded, SessionBroken, SessionClosed
 from .._frames import OutputFrame
 from .._log import get_logger
 from .._session import Session
 from ..transports._base import Event, Transport
-from ._audio import pcm16, resample
 from ._protocols import Playback, SpeechToText, TextToSpeech
 from ._vad import VoiceActivityDetector
 

@@ -8,7 +8,8 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._audio import resample
+from .._audio import resample
+from .._extras import require
 
 __all__ = ["PocketSphinxSTT"]
 
@@ -35,9 +36,8 @@ class PocketSphinxSTT:
 
     def _load(self) -> Any:
         if self._decoder is None:
-            from pocketsphinx import Decoder
-
-            self._decoder = Decoder(**self._options)
+            pocketsphinx = require("pocketsphinx", extra="voice", feature="PocketSphinxSTT")
+            self._decoder = pocketsphinx.Decoder(**self._options)
         return self._decoder
 
     def transcribe(self, samples: npt.NDArray[np.int16], sample_rate: int) -> str:

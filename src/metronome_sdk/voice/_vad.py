@@ -12,7 +12,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-from ._audio import level_dbfs
+from .._audio import level_dbfs
 
 __all__ = [
     "LoudnessClassifier",

@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from ._audio import resample
+from .._audio import resample
 
 __all__ = ["WhisperSTT"]
 

@@ -2,12 +2,18 @@
 
 ``WebRTCServer`` is the signaling server and the demo page; ``WebRTCPeer`` is one peer
 connection as a ``Transport``; ``ReplyAudioTrack`` is the paced outbound audio track.
+Needs the ``[webrtc]`` extra (aiortc, PyAV); the default voice agent, the ``[voice]`` extra.
 """
 
-from ._demo import demo_engine
-from ._peer import WebRTCPeer
-from ._server import DEFAULT_PROMPT, PeerHandler, ServerConfig, WebRTCServer
-from ._tracks import ReplyAudioTrack
+from .._extras import require
+
+require("aiortc", extra="webrtc", feature="metronome_sdk.webrtc (the WebRTC transport, metronome demo)")
+
+# after the check, so that a missing extra says so first
+from ._demo import demo_engine  # noqa: E402
+from ._peer import WebRTCPeer  # noqa: E402
+from ._server import DEFAULT_PROMPT, PeerHandler, ServerConfig, WebRTCServer  # noqa: E402
+from ._tracks import ReplyAudioTrack  # noqa: E402
 
 __all__ = [
     "DEFAULT_PROMPT",

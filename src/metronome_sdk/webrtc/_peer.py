@@ -15,11 +15,11 @@ from aiortc import MediaStreamTrack, RTCDataChannel, RTCPeerConnection, RTCSessi
 from aiortc.jitterbuffer import JitterBuffer
 from aiortc.mediastreams import MediaStreamError
 
+from .._audio import Framer, StreamResampler
 from .._exceptions import SessionBroken
 from .._frames import InputFrame
 from .._log import get_logger
 from ..transports._base import Event
-from ..voice._audio import Framer, StreamResampler
 from ._tracks import ReplyAudioTrack
 
 __all__ = ["WebRTCPeer"]

@@ -13,7 +13,7 @@ import numpy.typing as npt
 from aiortc import MediaStreamTrack
 from aiortc.mediastreams import MediaStreamError
 
-from ..voice._audio import resample
+from .._audio import resample
 
 __all__ = ["ReplyAudioTrack"]
 

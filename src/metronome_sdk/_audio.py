@@ -1,14 +1,22 @@
-"""PCM helpers shared by the voice pipeline and the transports: int16 mono, resampled with PyAV."""
+"""PCM helpers shared by the transports and the voice pipeline: int16 mono, resampled with PyAV.
+
+A neutral module, so that neither ``transports`` nor ``voice`` imports the other for them.
+PyAV (the ``[webrtc]`` or ``[voice]`` extra) loads only when something is resampled.
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import av
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Framer", "StreamResampler", "level_dbfs", "pcm16", "resample"]
+from ._extras import require
+
+if TYPE_CHECKING:
+    import av
+
+__all__: list[str] = []  # internal: Framer, StreamResampler, level_dbfs, pcm16, resample
 
 PCM16 = npt.NDArray[np.int16]
 
@@ -29,8 +37,12 @@ def level_dbfs(samples: PCM16) -> float:
     return max(-100.0, 20.0 * float(np.log10(max(rms, 1e-5))))
 
 
+def _av() -> Any:
+    return require("av", extra="webrtc", feature="resampling audio (PyAV)")
+
+
 def _frame(samples: PCM16, sample_rate: int) -> av.AudioFrame:
-    frame = av.AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
+    frame: av.AudioFrame = _av().AudioFrame.from_ndarray(samples.reshape(1, -1), format="s16", layout="mono")
     frame.sample_rate = sample_rate
     return frame
 
@@ -45,7 +57,7 @@ def resample(samples: PCM16, from_rate: int, to_rate: int) -> PCM16:
     """All of ``samples`` at ``to_rate`` (one shot: the resampler is flushed)."""
     if from_rate == to_rate or samples.size == 0:
         return samples
-    resampler = av.AudioResampler(format="s16", layout="mono", rate=to_rate)
+    resampler = _av().AudioResampler(format="s16", layout="mono", rate=to_rate)
     return _join([*resampler.resample(_frame(samples, from_rate)), *resampler.resample(None)])
 
 
@@ -54,7 +66,7 @@ class StreamResampler:
 
     def __init__(self, rate: int) -> None:
         self.rate = rate
-        self._resampler = av.AudioResampler(format="s16", layout="mono", rate=rate)
+        self._resampler = _av().AudioResampler(format="s16", layout="mono", rate=rate)
 
     def push(self, frame: av.AudioFrame) -> PCM16:
         return _join(self._resampler.resample(frame))
