@@ -14,7 +14,7 @@ import itertools
 import json
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -38,7 +38,7 @@ if TYPE_CHECKING:
     from .kernels import Isa
     from .kernels.choice import KernelChoice
 
-__all__ = ["EngineCore", "Kernels", "resolve_kernels"]
+__all__ = ["EngineCore", "Kernels", "StepPath", "resolve_kernels"]
 
 log = logging.getLogger(__name__)
 
@@ -46,6 +46,9 @@ log = logging.getLogger(__name__)
 # $METRONOME_KERNELS_ISA or native), which fail loudly if they cannot build; "torch": plain
 # torch ops; "auto": whichever of the two ran faster here (kernels/choice.py), else torch
 Kernels = Literal["auto", "fused", "torch"]
+# what one step runs on: the torch path, the fused kernels on the float32 weights, or the
+# fused kernels with the dense layers read from column groups of blocks (model.pack_groups)
+StepPath = Literal["torch", "fused", "groups"]
 
 
 def resolve_kernels(
@@ -148,9 +151,9 @@ class EngineCore:
         self.view = BatchView()
         self.fused = resolve_kernels(kernels, self.device, model.config) == "fused"
         self.ops: Any = None  # the fused kernels' build's torch.ops namespace
-        # regime -> whether its steps run fused, where "auto" measured different winners
-        # and both paths can read the model (no tiles): see _step_fused
-        self.regimes: dict[str, bool] | None = None
+        # regime -> the path its steps run on, where "auto" measured different winners
+        # (or the column groups) and every path can read the model (no tiles): see _step_path
+        self.regimes: dict[str, StepPath] | None = None
         self._last_fused = self.fused
         if kernels == "auto" and self.device.type == "cpu" and not model.packed:
             self._switch_per_regime(model, isa)
@@ -175,31 +178,58 @@ class EngineCore:
 
     def _switch_per_regime(self, model: LlamaModel, isa: Isa | None) -> None:
         from . import kernels as fused_kernels
+        from .kernels.choice import regime_paths
 
         build = fused_kernels.get_build(isa)
         if not build.available() or (build.tiles_available() and model.block_source is not None):
             return  # no fused path here, or one that packs the weights in place
         choice = auto_choice(model.config)
-        winners = {regime: name != "torch" for regime, name in choice.fastest.items()}
-        if len(set(winners.values())) > 1:
-            self.regimes = winners
+        paths = regime_paths(choice, groups=model.block_source is not None)
+        if "groups" in paths.values() and not model.pack_groups():  # blocks that are not the weights
+            paths = regime_paths(choice, groups=False)
+        if len(set(paths.values())) > 1 or "groups" in paths.values():
+            self.regimes = paths
             self.ops = build.ops
-            log.info("kernels.auto switches per regime: %s", json.dumps(choice.fastest))
+            log.info("kernels.auto runs per regime: %s", json.dumps(paths))
 
-    def _step_fused(self, chunks: list[SeqChunk]) -> bool:
-        """Whether this step runs fused: the engine's path, or the measured winner of the
-        regime the step is nearest (a prefill chunk, or a decode step of few or many rows)."""
+    def pin_paths(self, paths: Mapping[str, StepPath]) -> None:
+        """Run the steps of each regime (``kernels.choice.REGIMES``) on the path given,
+        as ``kernels="auto"`` does with the winners it measured. ``ValueError`` where a
+        path cannot run here: fused paths need an engine built with fused kernels,
+        ``"groups"`` a model whose blocks are its weights (``LlamaModel.pack_groups``)."""
+        from .kernels.choice import REGIMES
+
+        unknown = set(paths) - set(REGIMES)
+        if unknown:
+            raise ValueError(f"unknown regimes {sorted(unknown)}; the regimes are {list(REGIMES)}")
+        for path in paths.values():
+            if path not in ("torch", "fused", "groups"):
+                raise ValueError(f"a step path is 'torch', 'fused' or 'groups', got {path!r}")
+            if path != "torch" and self.ops is None:
+                raise ValueError("fused paths need an engine made with kernels='fused' or 'auto'")
+            if path == "torch":
+                self.model.require_unpacked()
+        if "groups" in paths.values() and not self.model.pack_groups():
+            raise ValueError("this model has no blocks that are its weights (load a GGUF file or quantize on load)")
+        self.regimes = dict(paths)
+
+    def step_path(self, sessions: int, new_tokens: int = 1) -> StepPath:
+        """The path a step of ``sessions`` sessions (the longest adding ``new_tokens``) runs
+        on: the engine's, or the measured winner of the regime the step is nearest (a
+        prefill chunk, or a decode step of one, a few or many rows)."""
+        from .kernels.choice import nearest_regime
+
+        default: StepPath = "fused" if self.fused else "torch"
         if self.regimes is None:
-            return self.fused
-        if max(ch.n_new for ch in chunks) > 1:
-            regime = "prefill_64"
-        else:
-            regime = "decode_32" if len(chunks) * len(chunks) > 32 else "decode_1"  # nearer 32 rows than 1
-        fused = self.regimes.get(regime, self.fused)
-        if self._last_fused and not fused:
+            return default
+        return self.regimes.get(nearest_regime(sessions, new_tokens), default)
+
+    def _step_path(self, chunks: list[SeqChunk]) -> StepPath:
+        path = self.step_path(len(chunks), max(ch.n_new for ch in chunks))
+        if self._last_fused and path == "torch":
             self.view.invalidate()  # the fused steps wrote the pool, not the torch path's view
-        self._last_fused = fused
-        return fused
+        self._last_fused = path != "torch"
+        return path
 
     @classmethod
     def from_pretrained(
@@ -312,10 +342,11 @@ class EngineCore:
                 raise
         return [outputs[r.seq_id] for r in requests]
 
-    def _forward(self, chunks: list[SeqChunk], ids: Tensor, fused: bool) -> tuple[Tensor, StepTokens]:
-        if fused:
+    def _forward(self, chunks: list[SeqChunk], ids: Tensor, path: StepPath) -> tuple[Tensor, StepTokens]:
+        if path != "torch":
             paged = PagedBatch.build(self.policy, chunks, device=self.device)
-            return self.model.forward_fused(ids, paged, self.cache, self.ops), paged.tokens
+            hidden = self.model.forward_fused(ids, paged, self.cache, self.ops, groups=path == "groups")
+            return hidden, paged.tokens
         rows = self.view.prepare(self.cache, [ch.seq for ch in chunks])
         batch = AttentionBatch.build(
             self.policy,
@@ -330,9 +361,10 @@ class EngineCore:
 
     def _run(self, chunks: list[SeqChunk], served: list[StepRequest], outputs: dict[int, StepOutput]) -> None:
         ids = torch.tensor([t for r in served for t in r.tokens], dtype=torch.int64, device=self.device)
-        fused = self._step_fused(chunks)
-        hidden, tokens = self._forward(chunks, ids, fused)
-        logits = self.model.logits(hidden)
+        path = self._step_path(chunks)
+        fused = path != "torch"
+        hidden, tokens = self._forward(chunks, ids, path)
+        logits = self.model.logits(hidden, self.ops if path == "groups" else None)
         # row of each session's last token, and its rows when it asked for all of them
         spans: list[tuple[int, int]] = []
         row = 0

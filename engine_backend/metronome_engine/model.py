@@ -31,7 +31,7 @@ from .attention import AttentionBatch
 from .batch_view import BatchView
 from .config import ModelConfig
 from .kv_cache import KVCache
-from .quant import QuantBlocks, pack_tiles, tile_rows
+from .quant import QuantBlocks, pack_groups, pack_tiles, tile_rows
 
 if TYPE_CHECKING:
     from .kernels import KernelBuild
@@ -108,9 +108,14 @@ class LlamaModel(nn.Module):
         # the weights as blocks, where the loader read them from a GGUF file or quantized them
         self.block_source: Callable[[], Mapping[str, QuantBlocks]] | None = None
         self.head_scale = self.head_offset = torch.empty(0)
+        # the dense weights also held as column groups of blocks (pack_groups), beside the
+        # float32 ones: what the fused kernels read in steps of few rows, where no tiles are
+        self.grouped = False
+        self.head_groups = torch.empty(0, dtype=torch.uint8)
         # every layer's weights in decoder_layers' order, listed once (fused_weights): listing
         # them walks 30 modules, about 0.4 ms, too much to repeat every step
         self._fused_weights: list[Tensor] = []
+        self._grouped_weights: list[Tensor] = []
 
     def pack_weights(self, build: KernelBuild | None = None, *, tiles: bool = True) -> bool:
         """Where ``build`` (default: ``kernels.get_build()``) runs the dense layers on AMX
@@ -122,7 +127,13 @@ class LlamaModel(nn.Module):
         torch path does. Idempotent; returns whether the weights are in tiles."""
         if self.packed:
             return True
-        blocks = self._exact_blocks(build) if tiles else None
+        if self.grouped:  # the blocks are already beside the float32 weights, which stay
+            return False
+        from . import kernels
+
+        if not tiles or not (build or kernels.get_build()).tiles_available():
+            return False
+        blocks = self._exact_blocks()
         if blocks is None:
             return False
         with torch.no_grad():
@@ -137,12 +148,34 @@ class LlamaModel(nn.Module):
         self._fused_weights = []
         return True
 
-    def _exact_blocks(self, build: KernelBuild | None) -> dict[str, QuantBlocks] | None:
-        """Each dense layer's blocks, fused as the model fuses them, if the tiles can
-        run here and every block de-quantizes to exactly the weight the model holds."""
-        from . import kernels
+    def pack_groups(self) -> bool:
+        """Where the model came from a GGUF file or was quantized on load (its blocks
+        reproduce its float32 weights exactly), keep each dense weight and the output head
+        also as column groups of blocks (``quant.pack_groups``: a fifth of the float32 bytes
+        at 4 bits), beside the float32 weights, so that a fused step can read either: the
+        blocks where few rows make the step wait on memory, the float32 weights (the BLAS)
+        where many rows make it wait on arithmetic. Idempotent; returns whether the groups
+        are there. Not with tiles (``pack_weights``), which replace the float32 weights."""
+        if self.grouped:
+            return True
+        if self.packed:
+            return False
+        blocks = self._exact_blocks()
+        if blocks is None:
+            return False
+        with torch.no_grad():
+            for i, layer in enumerate(self._layers()):
+                for name, _ in _LINEARS:
+                    layer.groups[name] = pack_groups(blocks[f"model.layers.{i}.{name}"])
+            self.head_groups = pack_groups(blocks["lm_head"])
+        self.grouped = True
+        self._grouped_weights = []
+        return True
 
-        if self.block_source is None or not (build or kernels.get_build()).tiles_available():
+    def _exact_blocks(self) -> dict[str, QuantBlocks] | None:
+        """Each dense layer's blocks, fused as the model fuses them, if every block
+        de-quantizes to exactly the weight the model holds."""
+        if self.block_source is None:
             return None
         source = self.block_source()
         head = "lm_head.weight" if not self.config.tie_word_embeddings else "model.embed_tokens.weight"
@@ -219,10 +252,13 @@ class LlamaModel(nn.Module):
         return _rms_norm(x, self.norm, c.rms_norm_eps)
 
     @torch.inference_mode()
-    def forward_fused(self, input_ids: Tensor, batch: PagedBatch, cache: KVCache, ops: Any) -> Tensor:
+    def forward_fused(
+        self, input_ids: Tensor, batch: PagedBatch, cache: KVCache, ops: Any, *, groups: bool = False
+    ) -> Tensor:
         """``forward`` on the fused kernels of one build (``ops``: ``KernelBuild.ops``,
         ``kernels/ops.cpp``): all layers in one call, nine kernels a layer, and attention
-        reads each session's blocks in place in the pool."""
+        reads each session's blocks in place in the pool. ``groups``: the dense layers read
+        the blocks (``pack_groups``), not the float32 weights."""
         c = self.config
         tokens = batch.tokens
         cos, sin = rope_cos_sin(self.inv_freq, tokens.positions)
@@ -230,12 +266,13 @@ class LlamaModel(nn.Module):
         if tokens.sink_positions is not None:
             sink_cos, sink_sin = rope_cos_sin(self.inv_freq, tokens.sink_positions)
         if not c.plain_layers:
-            x = self._layers_one_by_one(self._embed(input_ids), batch, cache, (cos, sin, sink_cos, sink_sin), ops)
+            rope = (cos, sin, sink_cos, sink_sin)
+            x = self._layers_one_by_one(self._embed(input_ids), batch, cache, rope, ops, groups=groups)
             x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
             return cast(Tensor, ops.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
         x = ops.decoder_layers(
             self._embed(input_ids),
-            self.fused_weights(),
+            self.fused_weights(groups=groups),
             cache.k,
             cache.v,
             cos,
@@ -259,9 +296,16 @@ class LlamaModel(nn.Module):
         x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
         return cast(Tensor, ops.rms_norm(x.contiguous(), self.norm, c.rms_norm_eps))
 
-    def fused_weights(self) -> list[Tensor]:
+    def fused_weights(self, *, groups: bool = False) -> list[Tensor]:
         """Per layer, as kernels/ops.cpp's decoder_layers reads them: a norm, two dense
-        layers, a norm, two dense layers, each dense layer as (weight, scale, offset)."""
+        layers, a norm, two dense layers, each dense layer as (weight, scale, offset);
+        with ``groups``, each dense layer's column groups (``pack_groups``) as its weight."""
+        if groups:
+            if not self.grouped:
+                raise ValueError("this model holds no column groups of blocks: call pack_groups() first")
+            if not self._grouped_weights:
+                self._grouped_weights = self._list_fused_weights(groups=True)
+            return self._grouped_weights
         if not self._fused_weights:
             self._fused_weights = self._list_fused_weights()
         return self._fused_weights
@@ -273,6 +317,8 @@ class LlamaModel(nn.Module):
         cache: KVCache,
         rope: tuple[Tensor, Tensor, Tensor | None, Tensor | None],
         ops: Any,
+        *,
+        groups: bool = False,
     ) -> Tensor:
         """``decoder_layers``' kernels called per layer from Python, with the families' extra
         steps between them (q/k/v and o biases, q/k norms). About ten calls a layer: for a
@@ -285,7 +331,8 @@ class LlamaModel(nn.Module):
         scale = 1.0 / math.sqrt(c.head_dim)
         for i, layer in enumerate(self._layers()):
             kc, vc = cache.k[i], cache.v[i]
-            qkv = ops.linear(ops.rms_norm(x, layer.input_norm, c.rms_norm_eps), *layer.packed("qkv"), width, None)
+            h = ops.rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            qkv = ops.linear(h, *layer.packed("qkv", groups), width, None)
             if layer.qkv_bias is not None:
                 qkv += layer.qkv_bias
             if layer.q_norm is not None and layer.k_norm is not None:
@@ -310,28 +357,34 @@ class LlamaModel(nn.Module):
                 scale,
                 batch.pinned,
             )
-            x = ops.linear(attn, *layer.packed("o_proj"), c.hidden_size, x)
+            x = ops.linear(attn, *layer.packed("o_proj", groups), c.hidden_size, x)
             if layer.o_bias is not None:
                 x += layer.o_bias
             h = ops.rms_norm(x, layer.post_norm, c.rms_norm_eps)
-            act = ops.silu_mul(ops.linear(h, *layer.packed("gate_up"), 2 * c.intermediate_size, None))
-            x = ops.linear(act, *layer.packed("down_proj"), c.hidden_size, x)
+            act = ops.silu_mul(ops.linear(h, *layer.packed("gate_up", groups), 2 * c.intermediate_size, None))
+            x = ops.linear(act, *layer.packed("down_proj", groups), c.hidden_size, x)
         return x
 
-    def _list_fused_weights(self) -> list[Tensor]:
+    def _list_fused_weights(self, *, groups: bool = False) -> list[Tensor]:
         out: list[Tensor] = []
         for layer in self._layers():
             for norm, linears in ((layer.input_norm, ("qkv", "o_proj")), (layer.post_norm, ("gate_up", "down_proj"))):
                 out.append(norm)
                 for name in linears:
-                    out.extend(layer.packed(name))
+                    out.extend(layer.packed(name, groups))
         return out
 
     def _layers(self) -> list[_Layer]:
         return [cast(_Layer, layer) for layer in self.layers]
 
     @torch.inference_mode()
-    def logits(self, hidden: Tensor) -> Tensor:
+    def logits(self, hidden: Tensor, ops: Any = None) -> Tensor:
+        """The output head; with ``ops`` (a fused build's), read from its column groups of
+        blocks (``pack_groups``)."""
+        if ops is not None:
+            if not self.grouped:
+                raise ValueError("this model holds no column groups of blocks: call pack_groups() first")
+            return cast(Tensor, ops.linear(hidden, self.head_groups, _EMPTY, _EMPTY, self.config.vocab_size, None))
         if self.packed:
             from . import kernels
 
@@ -420,14 +473,19 @@ class _Layer(nn.Module):
         self.k_norm = optional(c.qk_norm, c.head_dim, 1.0)
         # per dense layer, once packed: the tiles' scale and offset (none for float32)
         self.scales: dict[str, tuple[Tensor, Tensor]] = {}
+        # per dense layer, with pack_groups: its blocks in column groups (quant.pack_groups)
+        self.groups: dict[str, Tensor] = {}
 
     def set_packed(self, name: str, weight: Tensor, scale: Tensor, offset: Tensor) -> None:
         setattr(self, name, nn.Parameter(weight, requires_grad=False))
         self.scales[name] = (scale, offset)
 
-    def packed(self, name: str) -> tuple[Tensor, Tensor, Tensor]:
+    def packed(self, name: str, groups: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """(weight, scale, offset) of a dense layer, as the ``linear`` kernel takes them,
-        whichever layout it holds (float32 ``[K, N]``: scale and offset empty)."""
+        whichever layout it holds (float32 ``[K, N]``: scale and offset empty); with
+        ``groups``, its column groups of blocks (scale and offset empty too)."""
+        if groups:
+            return self.groups[name], _EMPTY, _EMPTY
         scale, offset = self.scales.get(name, (_EMPTY, _EMPTY))
         return getattr(self, name), scale, offset
 

@@ -30,11 +30,13 @@ from .config import ModelConfig
 
 __all__ = [
     "BLOCK",
+    "GROUP_COLS",
     "QUANT_KINDS",
     "TILE_COLS",
     "QuantBlocks",
     "Quantize",
     "gguf_tensor_names",
+    "pack_groups",
     "pack_tiles",
     "quantize_weight",
     "read_gguf_blocks",
@@ -134,6 +136,44 @@ def pack_tiles(blocks: QuantBlocks) -> tuple[Tensor, Tensor, Tensor]:
 
     offset = per_tile(blocks.offset) if blocks.offset is not None else torch.empty(0)
     return q, per_tile(blocks.scale), offset
+
+
+GROUP_COLS = 4  # output columns per record (kGroup in kernels/groups.cpp)
+
+
+def pack_groups(blocks: QuantBlocks) -> Tensor:
+    """The blocks in the vector kernels' layout (``kernels/groups.h``): uint8
+    ``[ceil(N / 4), K / 32, bytes]``, one record per 4 columns and 32 k, so that a pass
+    over a few columns reads one stream. Q4_1 (with an offset): per column 16 bytes,
+    element ``j`` in the low nibble of byte ``j`` and ``j + 16`` in the high one, then the
+    4 scales and the 4 offsets as float16 (80 bytes). Q8_0: per column 32 int8, then the
+    4 scales as float16 (136 bytes). Columns past N are zero. ``ValueError`` if a scale or
+    offset is not a float16 value (GGUF's and ``quantize_weight``'s always are)."""
+    n, k = blocks.q.shape
+    if k % BLOCK:
+        raise ValueError(f"a block weight needs K divisible by {BLOCK}, got K={k}")
+    offset = blocks.offset
+    if offset is not None and (blocks.q.min() < 0 or blocks.q.max() > 15):
+        raise ValueError("4-bit blocks (with an offset) need q in 0..15")
+    nb, groups = k // BLOCK, -(-n // GROUP_COLS)
+    pad = groups * GROUP_COLS - n
+
+    def rows(t: Tensor) -> Tensor:
+        return torch.cat([t, t.new_zeros(pad, *t.shape[1:])]) if pad else t
+
+    def halves(t: Tensor) -> Tensor:  # [N, nb] float32 -> [G, nb, 4 * 2] bytes
+        h = t.half()
+        if not torch.equal(h.float(), t):
+            raise ValueError("block scales and offsets must be float16 values")
+        return rows(h).view(groups, GROUP_COLS, nb).permute(0, 2, 1).contiguous().view(torch.uint8)
+
+    q = rows(blocks.q).view(groups, GROUP_COLS, nb, BLOCK).permute(0, 2, 1, 3)  # [G, nb, 4, 32]
+    if offset is not None:
+        q = q.to(torch.uint8)
+        parts = [(q[..., :16] | (q[..., 16:] << 4)).reshape(groups, nb, -1), halves(blocks.scale), halves(offset)]
+    else:
+        parts = [q.to(torch.int8).contiguous().view(torch.uint8).reshape(groups, nb, -1), halves(blocks.scale)]
+    return torch.cat(parts, dim=-1).contiguous()
 
 
 def tile_rows(q: Tensor, scale: Tensor, offset: Tensor, ids: Tensor) -> Tensor:

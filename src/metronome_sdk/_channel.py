@@ -13,6 +13,7 @@ error: shed, broken, engine failed; unread results stay readable, then the error
 from __future__ import annotations
 
 import enum
+import threading
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -21,7 +22,7 @@ from ._exceptions import DeadlineMissed, MetronomeError
 from ._frames import InputFrame, OutputFrame
 from ._signal import Signal
 
-__all__: list[str] = []  # internal: SessionChannel, Pending, Put, State
+__all__: list[str] = []  # internal: SessionChannel, Pending, DecodeRounds, Put, State
 
 
 class State(enum.Enum):
@@ -40,6 +41,42 @@ class Put(enum.Enum):
     DISCARDED = "discarded"  # nobody waits for it (withdrawn, interrupted, or the channel is closed)
 
 
+class DecodeRounds:
+    """The extra decode rounds of a frame in its tick, which ``interrupt()`` can stop between two.
+
+    Each round appends the frame's last decoded token before sampling the next, so a round
+    begun puts a token the reader never had into the context. The core thread begins a round
+    only while the frame is not cut; ``cut()`` says, exactly, how many it had begun. Both
+    sides hold one lock: the core thread and the event loop meet here only.
+    """
+
+    __slots__ = ("_begun", "_cut", "_lock")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cut = False
+        self._begun = 0
+
+    def begin(self) -> bool:
+        """Core thread: may the next round run? (it counts as begun if so)"""
+        with self._lock:
+            if self._cut:
+                return False
+            self._begun += 1
+            return True
+
+    def undo(self) -> None:
+        """Core thread: the round begun appended nothing (the step raised, or the pool was full)."""
+        with self._lock:
+            self._begun -= 1
+
+    def cut(self) -> int:
+        """Event loop: no round begins from now on; the rounds already begun (their tokens stay)."""
+        with self._lock:
+            self._cut = True
+            return self._begun
+
+
 @dataclass(slots=True, eq=False)
 class Pending:
     """An input frame waiting for the ticks that append it (a long frame takes several)."""
@@ -52,6 +89,7 @@ class Pending:
     first_turn: bool = False  # it rendered the chat template's preamble
     started: bool = False  # some of its tokens were appended: it can no longer be withdrawn
     in_tick: bool = False
+    rounds: DecodeRounds | None = None  # in the tick that decodes several of its tokens
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from metronome_engine import EngineBackend, PoolStats, SamplingParams, Stall, StepOutput, StepRequest
 
+from ._channel import DecodeRounds
 from ._log import get_logger
 
 __all__: list[str] = []  # internal: Work, WorkResult, run_tick_step
@@ -29,6 +30,7 @@ class Work:
     sample: bool  # the frame's last token is in this chunk: sample its output
     decode: int  # tokens to decode for the frame this tick (the budget's grant)
     pinned: int = 0  # a new sequence's pinned prefix (its system prompt), in tokens
+    rounds: DecodeRounds | None = None  # the frame's extra decode rounds, which an interrupt stops
 
 
 @dataclass(slots=True)
@@ -67,7 +69,8 @@ def run_tick_step(core: EngineBackend, work: Sequence[Work], retries: int, stop_
     steps = [(sum(len(r.tokens) for r in requests), time.perf_counter() - t0)] if error is None else []
     tokens: list[tuple[int, ...]] = [(o.token,) if o.token is not None else () for o in outputs]
     if error is None:
-        outputs = _decode_rounds(core, seq_ids, [w.decode for w in work], outputs, tokens, steps, stop_ids)
+        rounds = [w.rounds for w in work]
+        outputs = _decode_rounds(core, seq_ids, [w.decode for w in work], rounds, outputs, tokens, steps, stop_ids)
     seconds = time.perf_counter() - t0
     return WorkResult(seq_ids, outputs, tokens, steps, core.pool_stats(), seconds, error, failures, raised)
 
@@ -76,6 +79,7 @@ def _decode_rounds(
     core: EngineBackend,
     seq_ids: list[int],
     decode: list[int],
+    rounds: list[DecodeRounds | None],
     outputs: list[StepOutput],
     tokens: list[tuple[int, ...]],
     steps: list[tuple[int, float]],
@@ -83,19 +87,25 @@ def _decode_rounds(
 ) -> list[StepOutput]:
     """Extra decode rounds: each appends a session's last token and samples the next.
 
-    A session leaves the rounds at its stop token, or when the pool cannot take its token
-    (it keeps what it decoded; the token goes back with its next frame, as always). A
+    A session leaves the rounds at its stop token, when its frame is interrupted, or when the
+    pool cannot take its token (it keeps what it decoded; the token goes back with its next
+    frame, as always). A
     round that raises changed nothing: the rounds end there, the tokens so far stand.
     """
     outputs = list(outputs)
     going = [i for i, n in enumerate(decode) if n > 1 and tokens[i] and tokens[i][-1] not in stop]
     done = 1
     while going:
+        # an interrupted frame begins no more rounds: its tokens appended so far are all it leaves
+        going = [i for i in going if (r := rounds[i]) is None or r.begin()]
+        if not going:
+            break
         t0 = time.perf_counter()
         try:
             outs = core.step([StepRequest(seq_ids[i], [tokens[i][-1]], sample=True) for i in going])
         except Exception as exc:  # the frame keeps the tokens decoded so far
             get_logger().warning("engine.decode_round_failed", error=repr(exc), round=done)
+            _undo(rounds, going)
             break
         steps.append((len(going), time.perf_counter() - t0))
         done += 1
@@ -105,6 +115,7 @@ def _decode_rounds(
                 outputs[i] = out  # the core dropped the session: it breaks, as in the main step
                 continue
             if out.stall is not None or out.token is None:
+                _undo(rounds, [i])
                 continue  # the pool is full: no more this tick
             outputs[i] = out
             tokens[i] = (*tokens[i], out.token)
@@ -112,3 +123,9 @@ def _decode_rounds(
                 still.append(i)
         going = still
     return outputs
+
+
+def _undo(rounds: list[DecodeRounds | None], which: list[int]) -> None:
+    for i in which:
+        if (r := rounds[i]) is not None:
+            r.undo()

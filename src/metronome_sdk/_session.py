@@ -14,9 +14,7 @@ returned by a later ``receive()``); ``interrupt()`` stops the current reply at t
 
 from __future__ import annotations
 
-import asyncio
 import itertools
-import weakref
 from dataclasses import dataclass
 from types import TracebackType
 
@@ -36,20 +34,6 @@ from ._stats import SessionStats
 __all__ = ["Interrupted", "Session"]
 
 _ids = itertools.count(1)
-_defaults: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Engine] = weakref.WeakKeyDictionary()
-
-
-def default_engine() -> Engine:
-    """An engine per asyncio event loop, made on first use: kept only for the Pipecat adapter
-    (``integrations.pipecat``), whose dev runner's bots share one loop. Not public: it is never
-    closed; applications own their engine with ``async with metronome.Engine()``."""
-    loop = asyncio.get_running_loop()
-    engine = _defaults.get(loop)
-    if engine is None or engine.closed:
-        engine = _defaults[loop] = Engine()
-    return engine
-
-
 MAX_DECODE_TOKENS = 64  # one frame's decode rounds are steps in one tick: more would never fit a deadline
 
 FrameLike = InputFrame | str | None
@@ -381,6 +365,10 @@ class Session:
 
         engine = self._engine
         assert engine is not None
+        # a frame decoding several tokens in the tick now running: its rounds stop here, and those
+        # begun have put tokens the reader will never have into the context
+        begun = sum(p.rounds.cut() for p in channel.inputs if p.in_tick and p.rounds is not None)
+        channel.untrimmed += begun
         for pending in channel.withdraw_all(answer):
             engine._withdrawn(slot, pending)
         if feedback_unread:

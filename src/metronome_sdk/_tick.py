@@ -21,6 +21,7 @@ import anyio.abc
 
 from ._admission import AIMDAdmitter
 from ._budget import Demand, plan_tick
+from ._channel import DecodeRounds
 from ._config import ReliabilityConfig, TimingConfig
 from ._cost import StepCost
 from ._counters import Counters, Fault
@@ -209,9 +210,12 @@ class TickLoop:
         self._next_tick = base + period
         for e in entries:
             e.slot.in_tick = e.pending.in_tick = True
+            # several tokens decoded in the tick: interrupt() stops the rounds and counts those begun
+            e.pending.rounds = DecodeRounds() if e.finishes and e.decode > 1 else None
         try:
             work = [
-                Work(e.slot.seq_id, e.slot.sampling, e.tokens, e.finishes, e.decode, e.slot.pinned) for e in entries
+                Work(e.slot.seq_id, e.slot.sampling, e.tokens, e.finishes, e.decode, e.slot.pinned, e.pending.rounds)
+                for e in entries
             ]
             job = self.shared.worker.submit(
                 run_tick_step, self.shared.core, work, self.reliability.step_retries, self._stop_ids

@@ -75,9 +75,14 @@ def test_bench_step_json_beside_hf_and_the_floor() -> None:
     assert report["gemm_gflops"] > 0 and report["copy_gbs"] > 0
     # "auto" says what it chose and the times it chose from; the run is that path
     auto = report["auto"]
-    assert auto["chosen"] in auto["times_ms"] and set(auto["fastest"]) == {"decode_1", "decode_32", "prefill_64"}
+    assert auto["chosen"] in auto["times_ms"] and set(auto["fastest"]) == {
+        "decode_1",
+        "decode_8",
+        "decode_32",
+        "prefill_64",
+    }
     assert report["kernels"] == auto["path"] and report["isa"] == auto["isa"]
-    assert report["weights"] in ("tiles", "float32")
+    assert report["weights"] in ("tiles", "float32", "float32+groups")
     for b in report["batches"]:  # the torch path timed beside a fused engine
         assert (b["torch_ms"] is not None) == (report["kernels"] == "fused")
     [pre] = report["prefill"]

@@ -87,7 +87,7 @@ def test_a_failed_step_gives_back_its_reservations(kernels: Kernels) -> None:
     engine.step([StepRequest(a, [1, 2, 3, 4])])
     before = engine.pool_stats().used_blocks
 
-    def boom(*_: object) -> None:
+    def boom(*_: object, **__: object) -> None:
         raise RuntimeError("injected")
 
     setattr(engine.model, "forward_fused" if kernels == "fused" else "forward", boom)

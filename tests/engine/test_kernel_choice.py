@@ -9,7 +9,7 @@ import pytest
 from metronome_engine import KVPolicy, ModelConfig
 from metronome_engine import engine as engine_module
 from metronome_engine.kernels import choice
-from metronome_engine.kernels.choice import REGIMES, KernelChoice, choose_kernels, pick
+from metronome_engine.kernels.choice import REGIMES, KernelChoice, choose_kernels, nearest_regime, pick, regime_paths
 
 from .tiny import scripted_logits, tiny_engine
 
@@ -59,17 +59,74 @@ def test_an_auto_engine_that_switches_path_per_regime_keeps_exact_logits(
         "fused",
         "native",
         {},
-        {"decode_1": decode_on, "decode_32": decode_on, "prefill_64": prefill_on},
+        {"decode_1": decode_on, "decode_8": decode_on, "decode_32": decode_on, "prefill_64": prefill_on},
         1,
     )
     monkeypatch.setattr(engine_module, "auto_choice", lambda config=None, model=None: measured)
     monkeypatch.setattr(engine_module, "resolve_kernels", lambda kernels, device, config=None, model=None: "fused")
     switching = tiny_engine(KVPolicy.windowed(12, sinks=4), kernels="auto")
+    to_path = {"torch": "torch", "fused-native": "fused"}
     assert switching.regimes == {
-        "decode_1": decode_on != "torch",
-        "decode_32": decode_on != "torch",
-        "prefill_64": prefill_on != "torch",
+        "decode_1": to_path[decode_on],
+        "decode_8": to_path[decode_on],
+        "decode_32": to_path[decode_on],
+        "prefill_64": to_path[prefill_on],
     }
     plain = tiny_engine(KVPolicy.windowed(12, sinks=4), kernels="torch")
+    got, ref = scripted_logits(switching), scripted_logits(plain)
+    assert float((got - ref).abs().max() / ref.abs().max()) < 1e-4
+
+
+def test_a_step_takes_the_regime_nearest_it() -> None:
+    assert nearest_regime(1, 1) == nearest_regime(2, 1) == "decode_1"
+    assert nearest_regime(3, 1) == nearest_regime(8, 1) == nearest_regime(16, 1) == "decode_8"
+    assert nearest_regime(17, 1) == nearest_regime(100, 1) == "decode_32"
+    assert nearest_regime(1, 2) == nearest_regime(32, 64) == "prefill_64"
+
+
+def test_regime_paths_leave_out_the_groups_where_the_model_has_no_blocks() -> None:
+    times = {
+        "torch": {"decode_1": 10.0, "decode_8": 30.0, "prefill_64": 40.0},
+        "fused-x86-64-v3": {"decode_1": 9.0, "decode_8": 20.0, "prefill_64": 30.0},
+        "fused-x86-64-v3-groups": {"decode_1": 4.0, "decode_8": 10.0, "prefill_64": 35.0},
+    }
+    chosen, fastest = pick(times)
+    made = KernelChoice("fused", "x86-64-v3", times, fastest, 2, chosen.endswith("-groups"))
+    assert made.name == chosen == "fused-x86-64-v3-groups"
+    assert regime_paths(made, groups=True) == {"decode_1": "groups", "decode_8": "groups", "prefill_64": "fused"}
+    assert regime_paths(made, groups=False) == {"decode_1": "fused", "decode_8": "fused", "prefill_64": "fused"}
+    untimed = KernelChoice("fused", "x86-64-v3", {}, {"decode_1": "fused-x86-64-v3-groups"}, 2, True)
+    assert regime_paths(untimed, groups=False) == {"decode_1": "fused"}
+
+
+def test_an_auto_engine_on_a_gguf_like_model_reads_the_groups_where_they_won(monkeypatch: pytest.MonkeyPatch) -> None:
+    from .test_tiles import _block_model
+
+    measured = KernelChoice(
+        "fused",
+        "x86-64-v3",
+        {},
+        {
+            "decode_1": "fused-x86-64-v3-groups",
+            "decode_8": "fused-x86-64-v3-groups",
+            "decode_32": "torch",
+            "prefill_64": "fused-x86-64-v3",
+        },
+        1,
+        True,
+    )
+    monkeypatch.setattr(engine_module, "auto_choice", lambda config=None, model=None: measured)
+    monkeypatch.setattr(engine_module, "resolve_kernels", lambda kernels, device, config=None, model=None: "fused")
+    model, _ = _block_model()
+    policy = KVPolicy.windowed(12, sinks=4)
+    switching = engine_module.EngineCore(model, policy=policy, num_blocks=96, block_size=4, isa="x86-64-v3")
+    assert switching.regimes == {
+        "decode_1": "groups",
+        "decode_8": "groups",
+        "decode_32": "torch",
+        "prefill_64": "fused",
+    }
+    assert model.grouped and not model.packed
+    plain = engine_module.EngineCore(_block_model()[0], policy=policy, num_blocks=96, block_size=4, kernels="torch")
     got, ref = scripted_logits(switching), scripted_logits(plain)
     assert float((got - ref).abs().max() / ref.abs().max()) < 1e-4

@@ -9,6 +9,7 @@ import torch
 
 from metronome_engine import EngineCore, KVPolicy, StepRequest
 from metronome_engine import kernels as fused_kernels
+from metronome_engine.kernels.choice import REGIMES
 from metronome_engine.tokenizer import Tokenizer
 from metronome_engine.weights import DEFAULT_MODEL, load_model, resolve_model_dir
 
@@ -20,20 +21,23 @@ def model():  # type: ignore[no-untyped-def]
     return load_model(DEFAULT_MODEL)
 
 
-@pytest.mark.parametrize("layout", ["torch", "float32", "tiles", "x86-64-v3"])
+@pytest.mark.parametrize("layout", ["torch", "float32", "tiles", "x86-64-v3", "groups", "groups-x86-64-v3"])
 def test_logits_match_hf_transformers_for_a_batch_of_sessions(layout: str) -> None:
     """The torch path, and the fused kernels on float32 weights (native build), on AMX
-    tiles, and in the x86-64-v3 build (float32 weights: what AVX2 machines run)."""
+    tiles, and in the x86-64-v3 build (float32 weights: what AVX2 machines run); and the
+    dense layers read from column groups of the GGUF blocks, in each build."""
     from transformers import LlamaForCausalLM
 
     model = load_model(DEFAULT_MODEL)  # its own copy: the fused engine packs the weights in place
-    isa = "x86-64-v3" if layout == "x86-64-v3" else "native"
-    if layout == "x86-64-v3" and platform.machine() not in ("x86_64", "AMD64"):
+    isa = "x86-64-v3" if layout.endswith("x86-64-v3") else "native"
+    if isa == "x86-64-v3" and platform.machine() not in ("x86_64", "AMD64"):
         pytest.skip("the x86-64-v3 build is for x86-64 CPUs")
     if layout == "tiles" and not fused_kernels.get_build("native").tiles_available():
         pytest.skip("this CPU (or OS) offers no AMX tiles")
     if layout in ("float32", "tiles"):
         assert model.pack_weights(fused_kernels.get_build("native"), tiles=layout == "tiles") == (layout == "tiles")
+    if layout.startswith("groups"):
+        assert model.pack_groups()
 
     hf = LlamaForCausalLM.from_pretrained(str(resolve_model_dir(DEFAULT_MODEL)), dtype=torch.float32)
     hf.train(False)
@@ -47,6 +51,9 @@ def test_logits_match_hf_transformers_for_a_batch_of_sessions(layout: str) -> No
     engine = EngineCore(
         model, policy=KVPolicy.full(), num_blocks=64, kernels="torch" if layout == "torch" else "fused", isa=isa
     )
+    if layout.startswith("groups"):
+        engine.pin_paths(dict.fromkeys(REGIMES, "groups"))
+        assert not model.packed
     seqs = [engine.add_sequence() for _ in streams]
     # chunked prefill of all but the last 3 tokens, then 3 decode steps
     outs = engine.step([StepRequest(s, t[:-3], all_logits=True) for s, t in zip(seqs, streams, strict=True)])

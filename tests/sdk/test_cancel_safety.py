@@ -184,3 +184,73 @@ async def test_a_cancelled_step_before_its_tick_leaves_no_trace() -> None:
         async with make_engine() as other_engine, other_engine.session("be brief") as fresh:
             await fresh.step("hello")
             assert fresh.stats().num_tokens == tokens
+
+
+async def test_an_interrupt_during_a_several_token_tick_stops_its_rounds_and_counts_those_begun() -> None:
+    from metronome_engine import KVPolicy
+
+    engine = make_engine(KVPolicy.full(), num_blocks=256, faulty=True)
+    async with engine, engine.session(decode_tokens=4) as s:
+        await s.step("hello")  # a prompt the tiny model answers at length (no end of turn soon)
+        assert not (await s.step()).stop
+        before = s.stats().num_tokens
+        hold = engine.core.hold()  # the next tick's step waits: the frame is in its tick
+        answers: list[object] = []
+
+        async def stepping() -> None:
+            try:
+                answers.append(await s.step())
+            except TurnInterrupted as exc:
+                answers.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stepping)
+            await anyio.to_thread.run_sync(hold.entered.wait, 10)
+            cut = s.interrupt()
+            hold.release.set()
+        assert isinstance(answers[0], TurnInterrupted)
+        await anyio.to_thread.run_sync(hold.returned.wait, 10)
+        with anyio.fail_after(10):
+            while s.stats().queued_inputs:  # the withdrawn frame leaves once its tick is applied
+                await anyio.sleep(0.005)
+        grown = s.stats().num_tokens - before
+        # delivered: only the last read token, fed back with the withdrawn frame's chunk
+        assert grown == 1 + cut.untrimmed
+        # the interrupt came during the tick's first step: no extra round began, nothing undelivered stays
+        assert cut.trimmed and cut.untrimmed == 0
+
+
+async def test_an_interrupt_between_decode_rounds_says_the_begun_round_stays_and_stops_the_rest() -> None:
+    from metronome_engine import KVPolicy
+
+    engine = make_engine(KVPolicy.full(), num_blocks=256, faulty=True)
+    async with engine, engine.session(decode_tokens=4) as s:
+        await s.step("hello")
+        assert not (await s.step()).stop
+        before = s.stats().num_tokens
+        calls = engine.core.calls
+        first = engine.core.hold()  # the tick's main step
+        answers: list[object] = []
+
+        async def stepping() -> None:
+            try:
+                answers.append(await s.step())
+            except TurnInterrupted as exc:
+                answers.append(exc)
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stepping)
+            await anyio.to_thread.run_sync(first.entered.wait, 10)
+            second = engine.core.hold()  # armed while the main step hangs: it holds the first extra round
+            first.release.set()
+            await anyio.to_thread.run_sync(second.entered.wait, 10)
+            cut = s.interrupt()  # one round begun (its token goes in), two more never begin
+            second.release.set()
+        assert isinstance(answers[0], TurnInterrupted)
+        await anyio.to_thread.run_sync(second.returned.wait, 10)
+        with anyio.fail_after(10):
+            while s.stats().queued_inputs:
+                await anyio.sleep(0.005)
+        assert not cut.trimmed and cut.untrimmed == 1  # said, exactly: the round's appended token
+        assert s.stats().num_tokens - before == 1 + cut.untrimmed  # the fed-back token and that one
+        assert engine.core.calls == calls + 2  # the main step and the one round: the rest never ran

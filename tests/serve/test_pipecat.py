@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import warnings
 from collections.abc import Callable
+from typing import Any
 
 import anyio
 import pytest
@@ -29,8 +30,11 @@ with warnings.catch_warnings():
     from pipecat.utils.errors import ErrorCategory
     from pipecat.workers.runner import WorkerRunner
 
+from metronome_engine import KVPolicy
 from metronome_sdk import Engine
-from metronome_sdk.integrations.pipecat import MetronomeLLMService, context_turns
+from metronome_sdk.integrations import render_turns
+from metronome_sdk.integrations.pipecat import MetronomeLLMService, SharedEngine, context_turns
+from tests.sdk.conftest import CharTokenizer, make_engine
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -115,24 +119,59 @@ async def test_two_turns_stream_tokens_between_start_and_end_frames(engine: Engi
     assert engine.stats().used_blocks == 0
 
 
-async def test_an_interruption_stops_the_tokens_at_once_and_the_next_turn_answers(
-    engine: Engine,
-) -> None:
-    llm = MetronomeLLMService(engine=engine, max_tokens=300)
-    async with Bot(llm) as bot:
-        await bot.say("tell me a long story")
-        await bot.until(lambda: len(bot.down.of(LLMTextFrame)) >= 5)
-        await bot.worker.queue_frame(InterruptionFrame())
-        await bot.until(lambda: bool(bot.down.of(InterruptionFrame)))
-        at = len(bot.down.frames)
-        await asyncio.sleep(0.3)  # many ticks of the 1 ms metronome: a reply still running would push tokens
-        after = [f for f, _ in bot.down.frames[at:] if isinstance(f, LLMTextFrame)]
-        assert after == []
-        await bot.say("a short question")
-        await bot.until(lambda: bool(bot.replies()) and bot.replies()[-1] != "" and len(bot.replies()) >= 2)
-        assert llm.conversation is not None and llm.conversation.owed == 0
-    assert not bot.up.of(ErrorFrame)
-    assert engine.stats().used_blocks == 0
+class PushingService(MetronomeLLMService):
+    """The service under test, remembering the text it pushed, reply by reply."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.pushed: list[list[str]] = []
+
+    async def _respond(self, context: LLMContext) -> None:
+        self.pushed.append([])
+        await super()._respond(context)
+
+    async def _push_llm_text(self, text: str) -> None:
+        self.pushed[-1].append(text)  # before pushing: a cancel may land while it goes out
+        await super()._push_llm_text(text)
+
+
+async def test_an_interruption_stops_the_tokens_at_once_and_the_context_keeps_what_was_pushed() -> None:
+    # the full policy and one token a character: the session's context length says what it holds
+    engine = make_engine(KVPolicy.full(), num_blocks=256, limit=2)
+    await engine.start()
+    try:
+        llm = PushingService(engine=engine, max_tokens=300)
+        async with Bot(llm) as bot:
+            await bot.say("tell me a long story")
+            await bot.until(lambda: len(bot.down.of(LLMTextFrame)) >= 5)
+            await bot.worker.queue_frame(InterruptionFrame())
+            await bot.until(lambda: bool(bot.down.of(InterruptionFrame)))
+            at = len(bot.down.frames)
+            await asyncio.sleep(0.3)  # many ticks of the 1 ms metronome: a reply still running would push tokens
+            after = [f for f, _ in bot.down.frames[at:] if isinstance(f, LLMTextFrame)]
+            assert after == []
+            conversation = llm.conversation
+            assert conversation is not None
+            cut = conversation.last_cut
+            assert cut is not None and cut.trimmed and cut.withdrawn <= 1  # the frame in flight, if any
+            first = "".join(llm.pushed[0])
+            assert 5 <= len(first) < 300 and cut.text == first  # kept: exactly the tokens pushed
+            await bot.say("a short question")
+            await bot.until(lambda: len(llm.pushed) == 2 and len(bot.replies()) >= 2)
+            second = "".join(llm.pushed[1])
+            assert second and bot.replies()[-1] == second  # the next turn answered in step
+            # the context: turn 1, the cut reply's pushed tokens, turn 2, the reply but its last token
+            # (it goes in with the next input); a token decoded and not pushed would add one
+            tok = CharTokenizer()
+            asked = render_turns(tok, [{"role": "user", "content": "tell me a long story"}], first=True)
+            again = render_turns(tok, [{"role": "user", "content": "a short question"}], first=False)
+            stopped = len(second) < 300  # the tiny model ended its turn: its stop token decodes to nothing
+            expected = len(asked) + len(cut.kept) + len(again) + len(second) + stopped - 1
+            assert conversation.session.stats().num_tokens == expected
+        assert not bot.up.of(ErrorFrame)
+        assert engine.stats().used_blocks == 0
+    finally:
+        await engine.aclose()
 
 
 async def test_an_admission_rejection_is_a_rate_limit_error_frame(engine: Engine) -> None:
@@ -161,3 +200,15 @@ def test_context_turns_keeps_text_turns_only() -> None:
         object(),
     ]
     assert context_turns(messages) == [{"role": "system", "content": "sys"}, {"role": "user", "content": "a"}]
+
+
+async def test_services_given_no_engine_share_the_loops_engine_until_the_last_one_stops() -> None:
+    first, second = SharedEngine.acquire(), SharedEngine.acquire()
+    assert first is second and SharedEngine.current() is first
+    await SharedEngine.release(first)
+    assert not first.closed  # the other service still uses it
+    await SharedEngine.release(second)
+    assert first.closed and SharedEngine.current() is None
+    third = SharedEngine.acquire()  # a later call gets a fresh one
+    assert third is not first and not third.closed
+    await SharedEngine.release(third)

@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import warnings
 from collections.abc import AsyncIterator
 
 import anyio
@@ -119,8 +120,10 @@ async def test_a_named_session_runs_200_turns_with_its_blocks_bounded(real_engin
 
 
 async def test_a_pipecat_pipeline_answers_two_turns_on_the_real_model(real_engine: Engine) -> None:
-    from metronome_sdk.integrations.pipecat import MetronomeLLMService
-    from tests.serve.test_pipecat import Bot
+    with warnings.catch_warnings():  # pipecat's audio helpers import the stdlib's deprecated audioop
+        warnings.filterwarnings("ignore", "'audioop' is deprecated", DeprecationWarning)
+        from metronome_sdk.integrations.pipecat import MetronomeLLMService
+        from tests.serve.test_pipecat import Bot
 
     llm = MetronomeLLMService(engine=real_engine, system_prompt=BRIEF["content"], max_tokens=24)
     async with Bot(llm) as bot:
@@ -133,6 +136,26 @@ async def test_a_pipecat_pipeline_answers_two_turns_on_the_real_model(real_engin
     assert "Paris" in first, first
     assert "Rome" in second, second
     assert real_engine.stats().used_blocks == 0
+
+
+async def test_pipelines_given_no_engine_share_one_that_closes_with_the_last() -> None:
+    with warnings.catch_warnings():  # pipecat's audio helpers import the stdlib's deprecated audioop
+        warnings.filterwarnings("ignore", "'audioop' is deprecated", DeprecationWarning)
+        from metronome_sdk.integrations.pipecat import MetronomeLLMService, SharedEngine
+        from tests.serve.test_pipecat import Bot
+
+    bots = [Bot(MetronomeLLMService(system_prompt=BRIEF["content"], max_tokens=24)) for _ in range(2)]
+    async with bots[0], bots[1]:
+        await bots[0].until(lambda: SharedEngine.current() is not None, 30)  # the pipelines are starting
+        shared = SharedEngine.current()
+        assert shared is not None  # made by the first service to start, the default model
+        for bot in bots:
+            await bot.say("What is the capital of France?")
+        for bot in bots:
+            await bot.until(lambda bot=bot: len(bot.replies()) == 1, 180)
+        assert shared.stats().admitted == 2 and shared.stats().sessions == 2  # one engine, both calls
+    assert all("Paris" in bot.replies()[0] for bot in bots), [bot.replies() for bot in bots]
+    assert shared.closed and SharedEngine.current() is None  # closed with the last pipeline
 
 
 @pytest.mark.slow

@@ -9,6 +9,8 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from metronome_engine import KVPolicy
+from metronome_sdk import Engine, TimingConfig
 from metronome_sdk._audio import resample
 from metronome_sdk.transports import MemoryTransport
 from metronome_sdk.voice import (
@@ -199,6 +201,68 @@ async def test_barge_in_cuts_the_reply_and_the_next_answer_is_to_the_new_turn() 
     second_question = events.index({"type": "transcript", "role": "user", "text": "second question", "final": True})
     assert order[-1] != ("transcript", "user", True)
     assert any(e["type"] == "transcript" and e["role"] == "assistant" and e["final"] for e in events[second_question:])
+
+
+async def _context_after(engine: Engine, *script: str | int) -> int:
+    """The context length of a fresh "be brief" session fed ``script``: texts, or that many empty frames."""
+    async with engine.session("be brief") as witness:
+        for step in script:
+            for frame in [step] if isinstance(step, str) else [None] * step:
+                await witness.step(frame)
+        return witness.stats().num_tokens
+
+
+async def test_barge_in_while_decoding_keeps_only_the_delivered_tokens_in_the_context() -> None:
+    # ticks of 20 ms, one token a frame: the reply is still being decoded when the caller speaks
+    timing = TimingConfig(period=0.02, deadline=60.0, max_chunk_tokens=8)
+    engine = make_engine(KVPolicy.full(), num_blocks=256, limit=4, timing=timing)
+    await engine.start()
+    try:
+        async with engine.session("be brief") as session, MemoryTransport() as transport:
+            agent = VoiceAgent(
+                session,
+                transport,
+                stt=TurnsSTT("first question", "second question"),
+                tts=ToneTTS(),
+                max_reply_tokens=60,
+                decode_tokens=1,
+            )
+
+            async def script(events: list[dict[str, object]]) -> None:
+                await transport.push_audio(np.concatenate([_tone(0.6), np.zeros(RATE, dtype=np.int16)]), RATE)
+                with anyio.fail_after(30):  # a few tokens of the reply are out
+                    while sum(e["type"] == "frame" for e in events) < 5:
+                        await anyio.sleep(0.005)
+                await transport.push_audio(np.concatenate([_tone(0.6), np.zeros(RATE, dtype=np.int16)]), RATE)
+                with anyio.fail_after(30):
+                    while len(_final_answers(events)) < 2:
+                        await anyio.sleep(0.05)
+                transport.hang_up()
+
+            events = await _talk(agent, transport, script)
+            context = session.stats().num_tokens
+        cut = agent.last_cut
+        assert cut is not None and cut.trimmed
+        [interrupted] = [e for e in events if e["type"] == "interrupted"]
+        assert interrupted["decoding"] is True and interrupted["kept_tokens"] == len(cut.kept)
+        at = events.index(interrupted)
+        second = events.index({"type": "transcript", "role": "user", "text": "second question", "final": True})
+        # what the agent received of the first reply, all before the cut: no frame of it came after
+        frames = [e for e in events[:second] if e["type"] == "frame"]
+        assert all(events.index(e) < at for e in frames) and len(frames) == len(cut.kept) < 60
+        pieces = [e["text"] for e in events[:at] if e["type"] == "transcript" and e["role"] == "assistant"]
+        assert "".join(map(str, pieces)) == cut.text
+        answers = _final_answers(events)
+        assert answers[0]["interrupted"] is True and answers[0]["text"] == cut.text.strip()
+        assert "interrupted" not in answers[1]  # the second question was answered
+        replied = sum(e["type"] == "frame" for e in events[second:])
+        # the session holds the first question, the tokens delivered before the cut, the second
+        # question and its answer: as long as a session fed exactly that
+        assert context == await _context_after(
+            engine, "first question", len(cut.kept) - 1, "second question", replied - 1
+        )
+    finally:
+        await engine.aclose()
 
 
 async def test_each_answer_reports_its_voice_to_voice_latency() -> None:

@@ -67,4 +67,9 @@ async def test_the_demo_page_answers_a_spoken_question_in_chromium(tmp_path: Pat
     v2v = state["latencies"][0]["voice_to_voice"]
     assert state["v2v"] == f"{v2v * 1e3:.0f}"  # shown on the page
     assert any(s["voice_to_voice"] is not None for s in state["stats"])  # and in the stats event
+    last = state["stats"][-1]  # the frame latency a user sees (docs/webrtc.md reports it with the machine)
     print(f"heard {heard[0]!r}; answered {answer!r}; voice-to-voice {v2v:.2f} s: {state['latencies'][0]}")
+    print(
+        f"frames p50 {last['latency_p50']} s, p95 {last['latency_p95']} s, deadline {last['deadline']} s, "
+        f"deadline misses {last['deadline_misses']}, cap {last['limit']}"
+    )

@@ -2,16 +2,19 @@
 
 The candidates are the plain torch path and the fused kernels of the engine's build
 (``METRONOME_KERNELS_ISA``, default native; the x86-64-v3 build is what an AVX2 machine's
-native one is). Each is timed on a model of the engine's shapes with random weights (GGUF-like 4-bit blocks
-where the build has AMX tiles, so the tiles are what is timed) in three regimes: a decode
-step of one session, a decode step of 32 sessions, and a 64-token prefill chunk. The
-times and the choice are cached beside the kernel builds, keyed by the builds, the shapes
-and the thread count, so this runs once per machine, not per start.
+native one is); where that build has no AMX tiles, the fused kernels twice: on the float32
+weights (the BLAS), and with the dense layers read from column groups of 4-bit blocks
+(``-groups``, kernels/groups.cpp). Each is timed on a model of the engine's shapes with
+random weights (GGUF-like 4-bit blocks, an 8-bit head) in four regimes: a decode step of
+one session, of 8 and of 32 sessions, and a 64-token prefill chunk. The times and the
+choice are cached beside the kernel builds, keyed by the builds, the shapes and the
+thread count, so this runs once per machine, not per start.
 
-An engine runs one path for all its steps: the tiles pack the weights in place, where
-the torch path cannot read them. So the choice is the candidate whose worst regime is
-closest to that regime's best (each regime's own winner is reported too); with one
-candidate fastest everywhere, that is the one.
+Where the tiles pack the weights in place, the torch path cannot read them and an engine
+runs one path for all its steps: the candidate whose worst regime is closest to that
+regime's best (each regime's own winner is reported too). Without tiles every path reads
+the model, and an engine runs each step on the winner of the regime nearest it
+(``regime_paths``, ``nearest_regime``).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 import statistics
 import time
 from dataclasses import asdict, dataclass
@@ -31,36 +35,40 @@ from . import Isa, KernelBuild, get_build
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
+    from ..engine import StepPath
     from ..model import LlamaModel
 
-__all__ = ["REGIMES", "KernelChoice", "choose_kernels", "pick"]
+__all__ = ["REGIMES", "KernelChoice", "choose_kernels", "nearest_regime", "pick", "regime_paths"]
 
 log = logging.getLogger(__name__)
 
 # regime -> (sessions, context tokens already cached, new tokens per session)
 REGIMES: dict[str, tuple[int, int, int]] = {
     "decode_1": (1, 16, 1),
+    "decode_8": (8, 16, 1),
     "decode_32": (32, 16, 1),
     "prefill_64": (1, 16, 64),
 }
-_REPS = 3
+_REPS = 5
 
 
 @dataclass(frozen=True, slots=True)
 class KernelChoice:
     """What ``kernels="auto"`` runs: ``path`` (``"fused"`` or ``"torch"``) and, for the
-    fused path, the build's ``isa``; ``times_ms``: candidate -> regime -> median ms;
-    ``fastest``: regime -> the candidate fastest there."""
+    fused path, the build's ``isa`` and whether its dense layers read column groups of
+    blocks (``groups``); ``times_ms``: candidate -> regime -> median ms; ``fastest``:
+    regime -> the candidate fastest there."""
 
     path: Literal["fused", "torch"]
     isa: Isa | None
     times_ms: dict[str, dict[str, float]]
     fastest: dict[str, str]
     threads: int
+    groups: bool = False
 
     @property
     def name(self) -> str:
-        return _name(self.path, self.isa)
+        return _name(self.path, self.isa, self.groups)
 
     def as_dict(self) -> dict[str, object]:
         d = asdict(self)
@@ -68,8 +76,34 @@ class KernelChoice:
         return d
 
 
-def _name(path: str, isa: Isa | None) -> str:
-    return "torch" if path == "torch" else f"fused-{isa}"
+def _name(path: str, isa: Isa | None, groups: bool = False) -> str:
+    return "torch" if path == "torch" else f"fused-{isa}" + ("-groups" if groups else "")
+
+
+def _step_path(name: str) -> StepPath:
+    return "torch" if name == "torch" else "groups" if name.endswith("-groups") else "fused"
+
+
+def nearest_regime(sessions: int, new_tokens: int) -> str:
+    """The regime a step of ``sessions`` sessions, the longest adding ``new_tokens``, is
+    nearest: a prefill chunk, or the decode step whose session count is nearest in ratio."""
+    if new_tokens > 1:
+        return "prefill_64"
+    decodes = [r for r, (_, _, new) in REGIMES.items() if new == 1]
+    return min(decodes, key=lambda r: abs(math.log(max(sessions, 1) / REGIMES[r][0])))
+
+
+def regime_paths(choice: KernelChoice, *, groups: bool) -> dict[str, StepPath]:
+    """Each regime's fastest path (``"torch"``, ``"fused"`` or ``"groups"``) among those the
+    model can run: without ``groups`` (no blocks that are its weights), the fastest of the
+    others where the times are known, else the float32 fused path."""
+    out: dict[str, StepPath] = {}
+    for regime, name in choice.fastest.items():
+        if name.endswith("-groups") and not groups:
+            others = {c: t[regime] for c, t in choice.times_ms.items() if not c.endswith("-groups") and regime in t}
+            name = min(others, key=lambda c: others[c]) if others else name.removesuffix("-groups")
+        out[regime] = _step_path(name)
+    return out
 
 
 def _candidate_builds(isa: Isa | None) -> list[KernelBuild]:
@@ -98,7 +132,7 @@ def choose_kernels(config: ModelConfig, isa: Isa | None = None) -> KernelChoice:
     if path.exists():
         try:
             d = json.loads(path.read_text())
-            return KernelChoice(d["path"], d["isa"], d["times_ms"], d["fastest"], d["threads"])
+            return KernelChoice(d["path"], d["isa"], d["times_ms"], d["fastest"], d["threads"], d.get("groups", False))
         except (OSError, ValueError, KeyError):
             pass  # a torn or old file: time again
     choice = _measure(config, builds)
@@ -111,14 +145,17 @@ def choose_kernels(config: ModelConfig, isa: Isa | None = None) -> KernelChoice:
 
 
 def _measure(config: ModelConfig, builds: list[KernelBuild]) -> KernelChoice:
-    model = _random_model(config, tiles=any(b.tiles_available() for b in builds))
-    times: dict[str, dict[str, float]] = {"torch": _time_path(model, "torch", None)}
-    # the tiles pack the weights in place: time the builds that keep them float32 first
-    for b in sorted(builds, key=lambda b: b.tiles_available()):
-        times[_name("fused", b.isa)] = _time_path(model, "fused", b.isa)
+    # (name, path, build) of each candidate
+    candidates: list[tuple[str, StepPath, Isa | None]] = [("torch", "torch", None)]
+    for b in builds:
+        candidates.append((_name("fused", b.isa), "fused", b.isa))
+        if not b.tiles_available():
+            candidates.append((_name("fused", b.isa, groups=True), "groups", b.isa))
+    times = _time_paths(config, candidates)
     chosen, fastest = pick(times)
-    isa = None if chosen == "torch" else cast(Isa, chosen.removeprefix("fused-"))
-    return KernelChoice("torch" if chosen == "torch" else "fused", isa, times, fastest, torch.get_num_threads())
+    isa = None if chosen == "torch" else cast(Isa, chosen.removeprefix("fused-").removesuffix("-groups"))
+    path: Literal["fused", "torch"] = "torch" if chosen == "torch" else "fused"
+    return KernelChoice(path, isa, times, fastest, torch.get_num_threads(), _step_path(chosen) == "groups")
 
 
 def pick(times: dict[str, dict[str, float]]) -> tuple[str, dict[str, str]]:
@@ -131,35 +168,54 @@ def pick(times: dict[str, dict[str, float]]) -> tuple[str, dict[str, str]]:
     return chosen, fastest
 
 
-def _time_path(model: LlamaModel, path: Literal["fused", "torch"], isa: Isa | None) -> dict[str, float]:
+def _time_paths(config: ModelConfig, candidates: list[tuple[str, StepPath, Isa | None]]) -> dict[str, dict[str, float]]:
+    """Candidate -> regime -> median ms. The candidates' steps are timed in turn, one of
+    each per round, so that a load that comes and goes on a shared machine meets them all
+    alike (timed one after the other, a busy minute once made the winner look 10x slower)."""
     from ..backend import StepRequest
     from ..engine import EngineCore
     from ..kv_policy import KVPolicy
 
     gen = torch.Generator().manual_seed(0)
-    vocab = model.config.vocab_size
+    vocab = config.vocab_size
     blocks = sum(s * (-(-(c + n * (_REPS + 2)) // 16) + 1) for s, c, n in REGIMES.values())
-    engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=blocks, block_size=16, kernels=path, isa=isa)
-    out: dict[str, float] = {}
+    shared = _random_model(config)
+    engines = []
+    for _, path, isa in candidates:
+        # the tiles pack a model's weights in place, where the other paths cannot read them
+        tiles = path == "fused" and get_build(isa).tiles_available()
+        kernels: Literal["fused", "torch"] = "torch" if path == "torch" else "fused"
+        model = _random_model(config) if tiles else shared
+        engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=blocks, block_size=16, kernels=kernels, isa=isa)
+        if path == "groups":
+            engine.pin_paths(dict.fromkeys(REGIMES, "groups"))
+        engines.append(engine)
+    out: dict[str, dict[str, float]] = {name: {} for name, _, _ in candidates}
     for regime, (sessions, context, new) in REGIMES.items():
-        seqs = [engine.add_sequence() for _ in range(sessions)]
-        engine.step([StepRequest(s, torch.randint(0, vocab, (context,), generator=gen).tolist()) for s in seqs])
-        ms: list[float] = []
+        seqs = []
+        for engine in engines:
+            seqs.append([engine.add_sequence() for _ in range(sessions)])
+            prompt = [StepRequest(s, torch.randint(0, vocab, (context,), generator=gen).tolist()) for s in seqs[-1]]
+            engine.step(prompt)
+        ms: list[list[float]] = [[] for _ in engines]
         for rep in range(_REPS + 1):
-            reqs = [StepRequest(s, torch.randint(0, vocab, (new,), generator=gen).tolist()) for s in seqs]
-            t = time.perf_counter()
-            engine.step(reqs)
-            if rep:  # the first is a warm-up
-                ms.append((time.perf_counter() - t) * 1e3)
-        out[regime] = statistics.median(ms)
-        for s in seqs:
-            engine.free_sequence(s)
+            for i, engine in enumerate(engines):
+                reqs = [StepRequest(s, torch.randint(0, vocab, (new,), generator=gen).tolist()) for s in seqs[i]]
+                t = time.perf_counter()
+                engine.step(reqs)
+                if rep:  # the first is a warm-up
+                    ms[i].append((time.perf_counter() - t) * 1e3)
+        for i, engine in enumerate(engines):
+            out[candidates[i][0]][regime] = statistics.median(ms[i])
+            for s in seqs[i]:
+                engine.free_sequence(s)
     return out
 
 
-def _random_model(config: ModelConfig, *, tiles: bool) -> LlamaModel:
-    """A model of ``config``'s shapes. With ``tiles``, its dense weights are random 4-bit
-    GGUF-like blocks it can pack into tiles, as a model read from a GGUF file can."""
+def _random_model(config: ModelConfig) -> LlamaModel:
+    """A model of ``config``'s shapes whose weights are random GGUF-like blocks (4-bit dense
+    layers, an 8-bit embedding and head), which it can pack into tiles or column groups as
+    a model read from a GGUF file can."""
     from ..model import LlamaModel
     from ..quant import QuantBlocks
 
@@ -184,7 +240,11 @@ def _random_model(config: ModelConfig, *, tiles: bool) -> LlamaModel:
     blocks: dict[str, QuantBlocks] = {}
     state: dict[str, torch.Tensor] = {"model.norm.weight": torch.ones(c.hidden_size)}
     for name, (n, k) in shapes.items():
-        if tiles and k % 32 == 0:
+        if k % 32 == 0 and name in ("model.embed_tokens.weight", "lm_head.weight"):
+            scale = (torch.rand(n, k // 32, generator=gen) * 0.0003).half().float()
+            blocks[name] = QuantBlocks(torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8), scale, None)
+            state[name] = blocks[name].dequantize()
+        elif k % 32 == 0:
             scale = (torch.rand(n, k // 32, generator=gen) * 0.01).half().float()
             blocks[name] = QuantBlocks(torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int8), scale, -8 * scale)
             state[name] = blocks[name].dequantize()

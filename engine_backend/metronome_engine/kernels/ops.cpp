@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "groups.h"
 #include "tiles.h"
 
 namespace {
@@ -592,6 +593,7 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
 // float32 kernel is gone.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& w, const at::Tensor& scale, const at::Tensor& offset,
                   int64_t n, const std::optional<at::Tensor>& residual) {
+  if (w.scalar_type() == at::kByte && w.dim() == 3) return metronome::group_linear(x, w, n, residual);
   if (w.scalar_type() == at::kByte || w.scalar_type() == at::kChar) {
     return metronome::tile_linear(x, w, scale, offset.numel() > 0 ? std::optional<at::Tensor>(offset) : std::nullopt,
                                   n, residual);
@@ -669,6 +671,7 @@ METRONOME_LIBRARY(METRONOME_OPS, m) {
   m.def("tiles_ready() -> bool", &tiles_ready);
   m.def("tile_linear(Tensor x, Tensor q, Tensor scale, Tensor? offset, int n, Tensor? residual) -> Tensor",
         &metronome::tile_linear);
+  m.def("group_linear(Tensor x, Tensor groups, int n, Tensor? residual) -> Tensor", &metronome::group_linear);
   m.def("linear(Tensor x, Tensor weight, Tensor scale, Tensor offset, int n, Tensor? residual) -> Tensor", &linear);
   m.def(
       "rope_store(Tensor qkv, Tensor cos, Tensor sin, Tensor? sink_cos, Tensor? sink_sin, Tensor slots, "

@@ -100,12 +100,13 @@ def decode_step_cost(config: ModelConfig, contexts: list[int]) -> tuple[float, f
     return flops, 4.0 * weights + kv_bytes
 
 
-def engine_bytes_read(model: LlamaModel, contexts: list[int]) -> float:
-    """Bytes one decode step of the engine reads: its dense weights as it holds them (4-bit
-    blocks with their scales in tiles, or float32) once, the head once, and each session's
-    float32 K/V once."""
+def engine_bytes_read(model: LlamaModel, contexts: list[int], *, groups: bool = False) -> float:
+    """Bytes one decode step of the engine reads: its dense weights as the step reads them
+    (4-bit blocks with their scales in tiles or, with ``groups``, in column groups; or
+    float32) once, the head once, and each session's float32 K/V once."""
     c = model.config
-    dense = sum(t.numel() * t.element_size() for t in model.fused_weights())
-    head = sum(t.numel() * t.element_size() for t in (model.lm_head, model.head_scale, model.head_offset))
+    dense = sum(t.numel() * t.element_size() for t in model.fused_weights(groups=groups))
+    heads = (model.head_groups,) if groups else (model.lm_head, model.head_scale, model.head_offset)
+    head = sum(t.numel() * t.element_size() for t in heads)
     kv = sum((ctx + 1) * c.kv_bytes_per_token(4) for ctx in contexts)
     return float(dense + head + kv)

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from metronome_engine import EngineCore, KVPolicy, StepRequest
-from metronome_engine.engine import Kernels
+from metronome_engine.engine import Kernels, StepPath
 from metronome_engine.model import LlamaModel
 from metronome_engine.quant import Quantize
 from metronome_engine.weights import load_model, resolve_model_dir
@@ -38,10 +38,13 @@ class StepResult:
     """One batch size's medians. ``floor_ms`` is the float32 roofline measured in turn with
     the steps (the same load as ``engine_ms`` met); ``floor_peak_ms`` the machine's best,
     measured once before (see ``run_step_bench``). ``honest_floor_ms``: the bytes this
-    engine's layout actually reads per step (4-bit blocks in tiles, else float32; K/V) at
+    engine's layout actually reads per step (4-bit blocks in tiles or in column groups,
+    else float32; K/V) at
     the read bandwidth measured in turn, or its FLOPs at the best rate measured for the
     arithmetic it uses, whichever is slower. ``torch_ms``: the engine's own torch path in
-    the same rounds (``None`` when not measured)."""
+    the same rounds (``None`` when not measured). ``path``: what the engine's steps of this
+    batch ran on (``"torch"``, ``"fused"``, or ``"groups"``: fused, the dense layers read from
+    column groups of blocks)."""
 
     batch: int
     engine_ms: float
@@ -56,6 +59,7 @@ class StepResult:
     read_gbs: float
     torch_ms: float | None = None
     baseline_ms: float | None = None  # the engine on --baseline's weights, in turn with the others
+    path: str | None = None
 
     def as_dict(self) -> dict[str, float | int | None]:
         d = asdict(self)
@@ -124,10 +128,19 @@ def _engine(model: LlamaModel, blocks: int, kernels: Kernels) -> EngineCore:
 
 
 def engine_stepper(
-    model: LlamaModel, contexts: list[int], steps: int, seed: int = 0, kernels: Kernels = "auto"
+    model: LlamaModel,
+    contexts: list[int],
+    steps: int,
+    seed: int = 0,
+    kernels: Kernels = "auto",
+    paths: list[StepPath] | None = None,
 ) -> Stepper:
+    """Times one decode step of ``len(contexts)`` sessions; appends to ``paths`` the path
+    the engine runs such a step on."""
     need = sum(-(-(c + steps + 3) // 16) for c in contexts) + len(contexts)
     engine = _engine(model, need, kernels)
+    if paths is not None:
+        paths.append(engine.step_path(len(contexts)))
     gen = torch.Generator().manual_seed(seed)
     seqs = []
     for ctx in contexts:
@@ -270,7 +283,8 @@ def run_step_bench(
     for batch in batches:
         ctx = contexts_for(batch)
         say(f"batch {batch}: engine")
-        steppers = [engine_stepper(weights, ctx, steps, kernels=kernels)]
+        paths: list[StepPath] = []
+        steppers = [engine_stepper(weights, ctx, steps, kernels=kernels, paths=paths)]
         if with_torch and fused:
             plain = plain or (load_model(model, quantize=quantize) if weights.packed else weights)
             say(f"batch {batch}: the engine's torch path")
@@ -295,7 +309,8 @@ def run_step_bench(
         # the arithmetic the dense layers use: float32 FMAs, or three bfloat16 tile products per float32 one
         rate = probe.bf16_gflops(times[3] / 1e3) / 3 if weights.tiles else in_turn.gemm_gflops
         flops, moved = decode_step_cost(weights.config, ctx)
-        honest = max(flops / (rate * 1e9), engine_bytes_read(weights, ctx) / (read_gbs * 1e9)) * 1e3
+        read = engine_bytes_read(weights, ctx, groups=paths[0] == "groups")
+        honest = max(flops / (rate * 1e9), read / (read_gbs * 1e9)) * 1e3
         results.append(
             StepResult(
                 batch,
@@ -311,6 +326,7 @@ def run_step_bench(
                 read_gbs,
                 torch_ms,
                 base_ms,
+                paths[0],
             )
         )
     prefills: list[PrefillResult] = []
@@ -347,6 +363,10 @@ def engine_path(model: LlamaModel, kernels: Kernels) -> tuple[bool, str | None]:
 
 
 def weights_layout(model: LlamaModel, *, fused: bool = True) -> str:
-    """``"tiles"`` (GGUF blocks on AMX tiles, fused kernels) or ``"float32"`` (as loaded:
-    the torch path, or the fused kernels where there are no tiles)."""
-    return "tiles" if model.packed and fused else "float32"
+    """``"tiles"`` (GGUF blocks on AMX tiles, fused kernels), ``"float32"`` (as loaded:
+    the torch path, or the fused kernels where there are no tiles) or ``"float32+groups"``
+    (the fused kernels where there are no tiles, with the blocks in column groups beside
+    the float32 weights: some steps read one, some the other; see each batch's path)."""
+    if model.packed and fused:
+        return "tiles"
+    return "float32+groups" if model.grouped else "float32"

@@ -151,6 +151,7 @@ def _run(args: argparse.Namespace) -> int:
             [
                 "batch",
                 "context",
+                "path",
                 "engine ms",
                 "torch path ms",
                 "HF ms",
@@ -165,6 +166,7 @@ def _run(args: argparse.Namespace) -> int:
                 [
                     b["batch"],
                     f"{b['context_min']}-{b['context_max']}",
+                    b["path"],
                     b["engine_ms"],
                     b["torch_ms"],
                     b["hf_ms"],

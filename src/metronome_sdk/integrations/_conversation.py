@@ -2,12 +2,12 @@
 
 Voice frameworks speak in chat messages and resend the whole history every turn; a
 session holds its context. A ``Conversation`` renders only the turns it is given (the
-adapter decides which are new) with the model's chat template, sends them as one
-input frame, and streams the reply one token per tick.
+adapter decides which are new, ``new_turns``) with the model's chat template, sends them
+as one input frame, and streams the reply one frame per tick.
 
-A reply cut short (the consumer cancelled, or stopped reading) leaves outputs the
-session still owes: frames sent whose outputs were not taken. The next reply takes
-them first, so a later turn never reads an earlier turn's tokens.
+A reply cut short (the consumer cancelled it, or stopped reading: barge-in) calls
+``Session.interrupt()``: the frame in flight is withdrawn, no token of it is delivered, and
+the session's context keeps only the reply tokens that were (``last_cut`` says which).
 """
 
 from __future__ import annotations
@@ -19,10 +19,10 @@ import anyio
 
 from .._codec import TextTokenizer
 from .._exceptions import MetronomeError
-from .._frames import InputFrame, OutputFrame
-from .._session import Session
+from .._frames import InputFrame
+from .._session import Interrupted, Session
 
-__all__ = ["Conversation", "ReplyPiece", "render_turns"]
+__all__ = ["Conversation", "ReplyPiece", "new_turns", "render_turns", "split_system"]
 
 ROLES = ("system", "user", "assistant")
 
@@ -53,46 +53,50 @@ def render_turns(tokenizer: TextTokenizer, turns: Sequence[Mapping[str, str]], *
     return full[len(before) :]
 
 
+def split_system(messages: Sequence[Mapping[str, str]]) -> tuple[str | None, list[Mapping[str, str]]]:
+    """A leading system message (the session's prompt), and the turns after it."""
+    if messages and messages[0]["role"] == "system":
+        return messages[0]["content"], list(messages[1:])
+    return None, list(messages)
+
+
+def new_turns(messages: Sequence[Mapping[str, str]], system_prompt: str | None) -> list[Mapping[str, str]]:
+    """What an open session has not seen: the messages after the last assistant message.
+
+    The session holds its own replies (as far as they were delivered, even where the client
+    kept only what it played); a leading system message equal to the session's prompt is not new.
+    """
+    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
+    turns = list(messages[last + 1 :])
+    if last < 0 and turns and turns[0]["role"] == "system" and turns[0]["content"] == system_prompt:
+        turns = turns[1:]
+    return turns
+
+
 class Conversation:
     """Chat turns in, reply tokens out, over one open ``Session``.
 
     ``tokenizer`` is the session's engine's (``engine.tokenizer``); ``has_system_prompt``
     says whether the session was opened with one (then even its first turns are
-    rendered as later turns of a chat).
+    rendered as later turns of a chat). ``last_cut`` is what ``Session.interrupt()`` said
+    when a reply was last cut short (``None`` until one is).
     """
 
     def __init__(self, session: Session, tokenizer: TextTokenizer, *, has_system_prompt: bool) -> None:
         self.session = session
         self._tokenizer = tokenizer
         self._started = has_system_prompt
-        self._owed = 0  # outputs of frames sent and not yet taken (a reply cut short)
         self.turns = 0  # replies begun
-
-    @property
-    def owed(self) -> int:
-        return self._owed
-
-    async def settle(self) -> None:
-        """Take the outputs a cut reply left behind, so the next reply starts in step.
-
-        Their errors are dropped too: they belong to a reply nobody reads any more.
-        """
-        while self._owed > 0:
-            try:
-                await self.session.receive()
-            except MetronomeError:
-                if self.session.closed:
-                    self._owed = 0
-                    raise
-            self._owed -= 1
+        self.last_cut: Interrupted | None = None
 
     async def reply(self, turns: Sequence[Mapping[str, str]], *, max_tokens: int) -> AsyncGenerator[ReplyPiece, None]:
         """Append ``turns`` and stream the reply until the model ends its turn or ``max_tokens``.
 
         One piece per output frame: a token, or up to the session's ``decode_tokens``
         (never past ``max_tokens``). Raises what the session raises (``EngineStalled``, ``CacheExhausted``,
-        ``LoadShed``...); pieces yielded before the error were delivered. Breaking
-        off (or being cancelled) is safe: the next reply settles first.
+        ``LoadShed``...); pieces yielded before the error were delivered. Breaking off
+        (``aclose()``) or being cancelled cuts the reply (``Session.interrupt()``): its frame in
+        flight is withdrawn, and the context keeps the pieces yielded so far.
         """
         if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
             raise ValueError(f"max_tokens must be an int >= 1, got {max_tokens!r}")
@@ -101,7 +105,6 @@ class Conversation:
         for t in turns:
             if t.get("role") not in ROLES or not isinstance(t.get("content"), str):
                 raise ValueError(f"a turn is {{'role': one of {ROLES}, 'content': str}}, got {dict(t)!r}")
-        await self.settle()
         ids = render_turns(self._tokenizer, turns, first=not self._started)
         self._started = True
         self.turns += 1
@@ -109,10 +112,16 @@ class Conversation:
         text = ""
         frame: InputFrame | None = InputFrame.from_tokens(ids)
         wanted = self.session.decode_tokens
+        ended = False  # the reply finished, or failed with the session's own error: nothing to cut
         try:
             while len(tokens) < max_tokens:
                 self.session.decode_tokens = min(wanted, max_tokens - len(tokens))  # never past max_tokens
-                out = await self._step(frame)
+                try:
+                    # step() is cancel-safe: cancelled, its frame is withdrawn and its output never delivered
+                    out = await self.session.step(frame)
+                except MetronomeError:
+                    ended = True  # the frame's answer was this error: nothing is in flight
+                    raise
                 frame = None
                 tokens.extend(out.tokens)
                 # decode the whole reply so far: one token may hold half of a UTF-8 character
@@ -121,26 +130,16 @@ class Conversation:
                     yield ReplyPiece("", False, len(out.tokens))
                     continue
                 piece, text = now[len(text) :], now
+                if out.stop:
+                    ended = True
                 yield ReplyPiece(piece, out.stop, len(out.tokens))
                 if out.stop:
                     return
+            ended = True
         finally:
             self.session.decode_tokens = wanted
-
-    async def _step(self, frame: InputFrame | None) -> OutputFrame:
-        self._owed += 1  # before sending: a cancel after the frame is queued still leaves it owed
-        try:
-            await self.session.send(frame)
-        except Exception:  # refused before anything was queued
-            self._owed -= 1
-            raise
-        try:
-            out = await self.session.receive()
-        except MetronomeError:
-            self._owed -= 1  # the frame's answer was this error
-            raise
-        self._owed -= 1
-        return out
+            if not ended and not self.session.closed:
+                self.last_cut = self.session.interrupt()
 
     async def aclose(self) -> None:
         """Close the session and return its blocks; safe when cancelled."""

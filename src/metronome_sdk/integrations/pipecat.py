@@ -1,24 +1,30 @@
 """``MetronomeLLMService``: a Pipecat LLM service on an in-process Metronome engine (extra ``[pipecat]``).
 
-One session per pipeline: opened in ``start()`` (or at the first context, when the
-system prompt comes from it), closed in ``stop()``/``cancel()``. Pipecat sends the
+One session per pipeline: opened when it starts (in a task: a model loading must not hold
+up the ``StartFrame``), or at the first context when the system prompt comes from it;
+closed in ``stop()``/``cancel()``. Pipecat sends the
 whole context every turn; the session already holds it, so only the messages added
 since the last turn are appended (the session's own replies are never sent back).
 Tokens go out as ``LLMTextFrame``s between ``LLMFullResponseStartFrame`` and
-``LLMFullResponseEndFrame``. An ``InterruptionFrame`` cancels the reply at once: no
-token of it is pushed after that, and the next turn starts in step.
+``LLMFullResponseEndFrame``. An ``InterruptionFrame`` (Pipecat cancels the reply's task)
+cuts the reply with ``Session.interrupt()``: no token of it is pushed after that, its
+frame in flight is withdrawn, and the session's context keeps only the tokens pushed.
 
 Errors are ``ErrorFrame``s with the category of the SDK exception
 (``integrations._errors``): ``AdmissionRejected`` -> ``RATE_LIMIT``, ``CacheExhausted``
 -> ``INVALID_REQUEST`` (permanent), ``EngineStalled`` -> ``SERVER``... A session the
 engine ended is reopened at the next turn. Bots of Pipecat's dev runner share one
-event loop, so one engine serves every call (``metronome.default_engine()``, or pass one).
+event loop, so the services given no engine share one (``SharedEngine``): one model in
+memory and one admission cap for every call, closed when the last of them stops.
 """
 
 from __future__ import annotations
 
+import asyncio
+import weakref
 from collections.abc import Mapping, Sequence
-from typing import Any
+from contextlib import aclosing
+from typing import Any, ClassVar
 
 from pipecat.frames.frames import (
     CancelFrame,
@@ -39,11 +45,10 @@ from metronome_engine import SamplingParams
 
 from .._engine import Engine
 from .._exceptions import MetronomeError
-from .._session import default_engine
 from ._conversation import ROLES, Conversation
 from ._errors import error_mapping
 
-__all__ = ["MetronomeLLMService", "context_turns"]
+__all__ = ["MetronomeLLMService", "SharedEngine", "context_turns"]
 
 
 def context_turns(messages: Sequence[Any]) -> list[dict[str, str]]:
@@ -65,12 +70,56 @@ def context_turns(messages: Sequence[Any]) -> list[dict[str, str]]:
     return turns
 
 
+class SharedEngine:
+    """The engine that the services of one event loop given no engine share.
+
+    Made (``metronome.Engine()``, the default model) when the first of them starts, closed
+    when the last of them stops: a bot process of Pipecat's dev runner holds one model and
+    one admission cap while it has calls, and nothing once they end.
+    """
+
+    _by_loop: ClassVar[weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, SharedEngine]] = weakref.WeakKeyDictionary()
+
+    def __init__(self) -> None:
+        self.engine = Engine()
+        self.users = 0
+
+    @classmethod
+    def acquire(cls) -> Engine:
+        """The running loop's shared engine (made now if it has none); ``release()`` it when done."""
+        loop = asyncio.get_running_loop()
+        shared = cls._by_loop.get(loop)
+        if shared is None or shared.engine.closed:
+            shared = cls._by_loop[loop] = cls()
+        shared.users += 1
+        return shared.engine
+
+    @classmethod
+    async def release(cls, engine: Engine) -> None:
+        """One user fewer of ``engine``; the last one closes it."""
+        loop = asyncio.get_running_loop()
+        shared = cls._by_loop.get(loop)
+        if shared is None or shared.engine is not engine:
+            return
+        shared.users -= 1
+        if shared.users == 0:
+            del cls._by_loop[loop]
+            await engine.aclose()
+
+    @classmethod
+    def current(cls) -> Engine | None:
+        """The running loop's shared engine while a service uses it, else ``None``."""
+        shared = cls._by_loop.get(asyncio.get_running_loop())
+        return shared.engine if shared is not None else None
+
+
 class MetronomeLLMService(LLMService):  # type: ignore[misc]
     """A Pipecat ``LLMService`` whose replies come from a Metronome session.
 
-    ``engine``: the engine to open the session on (default: the event loop's
-    ``default_engine()``). ``system_prompt``: the session's pinned system prompt
-    (default: the context's leading system message, read at the first turn).
+    ``engine``: the engine to open the session on, which the application owns (default:
+    the event loop's ``SharedEngine``, held from ``start()`` to ``stop()``). ``system_prompt``:
+    the session's pinned system prompt (default: the context's leading system message, read at
+    the first turn).
     ``max_tokens``: the longest reply. ``sampling``: how the session samples.
     """
 
@@ -104,10 +153,12 @@ class MetronomeLLMService(LLMService):  # type: ignore[misc]
             )
         super().__init__(**kwargs)
         self._engine = engine
+        self._shared: Engine | None = None  # the SharedEngine this service holds (no engine given)
         self._system_prompt = system_prompt
         self._max_tokens = max_tokens
         self._sampling = sampling
         self._conversation: Conversation | None = None
+        self._opening: asyncio.Task[None] | None = None  # the session opening at start(), off its path
         self._seen = 0  # context messages the session has taken
 
     @property
@@ -120,11 +171,18 @@ class MetronomeLLMService(LLMService):  # type: ignore[misc]
 
     async def start(self, frame: StartFrame) -> None:
         await super().start(frame)
+        if self._engine is None and self._shared is None:
+            self._shared = SharedEngine.acquire()
         if self._system_prompt is not None:
-            try:
-                await self._open(self._system_prompt)
-            except (MetronomeError, ValueError) as exc:  # refused now: the first turn tries again
-                await self._report(exc)
+            # in a task: loading the model takes seconds, and Pipecat gives up on a pipeline whose
+            # StartFrame does not come through in time; the first turn waits for it
+            self._opening = self.create_task(self._open_early(), name="metronome_open")
+
+    async def _open_early(self) -> None:
+        try:
+            await self._open(self._system_prompt)
+        except (MetronomeError, ValueError) as exc:  # refused now: the first turn tries again
+            await self._report(exc)
 
     async def stop(self, frame: EndFrame) -> None:
         await super().stop(frame)
@@ -135,22 +193,30 @@ class MetronomeLLMService(LLMService):  # type: ignore[misc]
         await self._close()
 
     async def _open(self, system_prompt: str | None) -> Conversation:
-        engine = self._engine if self._engine is not None else default_engine()
+        if self._engine is None and self._shared is None:  # a turn before start(): hold the shared engine
+            self._shared = SharedEngine.acquire()
+        engine = self._engine or self._shared
+        assert engine is not None
         await engine.start()
         if engine.tokenizer is None:
             raise ValueError("MetronomeLLMService needs an engine with a tokenizer")
         session = engine.session(system_prompt, sampling=self._sampling, timeout=0)
         await session.open()
-        self._engine = engine
         self._system_prompt = system_prompt
         self._conversation = Conversation(session, engine.tokenizer, has_system_prompt=system_prompt is not None)
         self._seen = 0
         return self._conversation
 
     async def _close(self) -> None:
+        opening, self._opening = self._opening, None
+        if opening is not None:
+            await self.cancel_task(opening)
         conversation, self._conversation = self._conversation, None
         if conversation is not None:
             await conversation.aclose()
+        shared, self._shared = self._shared, None
+        if shared is not None:
+            await SharedEngine.release(shared)
 
     async def process_frame(self, frame: Frame, direction: FrameDirection) -> None:
         await super().process_frame(frame, direction)
@@ -173,6 +239,9 @@ class MetronomeLLMService(LLMService):  # type: ignore[misc]
         await self.start_processing_metrics()
         await self.start_ttfb_metrics()
         try:
+            opening, self._opening = self._opening, None
+            if opening is not None:
+                await opening  # the session opened at start(), or the refusal it reported
             messages = context_turns(context.get_messages())
             conversation = self._conversation
             if conversation is None or conversation.session.closed:
@@ -183,12 +252,14 @@ class MetronomeLLMService(LLMService):  # type: ignore[misc]
             turns = self._new_turns(messages)
             self._seen = len(messages)
             first = True
-            async for piece in conversation.reply(turns, max_tokens=self._max_tokens):
-                if first:
-                    first = False
-                    await self.stop_ttfb_metrics()
-                if piece.text:
-                    await self._push_llm_text(piece.text)
+            # closed even when Pipecat cancels this task (an InterruptionFrame): closing cuts the reply
+            async with aclosing(conversation.reply(turns, max_tokens=self._max_tokens)) as pieces:
+                async for piece in pieces:
+                    if first:
+                        first = False
+                        await self.stop_ttfb_metrics()
+                    if piece.text:
+                        await self._push_llm_text(piece.text)
         except (MetronomeError, ValueError) as exc:
             await self._report(exc)
         finally:

@@ -13,12 +13,23 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from .._stats import SessionStats
 from ..integrations._errors import ErrorMapping
 
-__all__ = ["ChatRequest", "completion", "error_body", "parse_request", "stream_chunk"]
+__all__ = [
+    "CONTEXT_FIELD",
+    "ChatRequest",
+    "completion",
+    "context_field",
+    "context_headers",
+    "error_body",
+    "parse_request",
+    "stream_chunk",
+]
 
 SESSION_HEADER = "X-Metronome-Session"
 SESSION_FIELD = "metronome_session"
+CONTEXT_FIELD = "metronome"  # the last stream chunk's extra field: OpenAI clients keep unknown fields
 _SESSION_KEY = re.compile(r"^[A-Za-z0-9._:@-]{1,128}$")
 # accepted and not applied: a session samples as it was opened (see docs/serve.md)
 _IGNORED = {
@@ -177,3 +188,29 @@ def error_body(row: ErrorMapping, message: str, *, retry_after: float | None = N
     if retry_after is not None:
         error["retry_after"] = round(retry_after, 3)
     return {"error": error}
+
+
+def context_field(stats: SessionStats) -> dict[str, Any]:
+    """What the session's model still sees after a reply, as the last stream chunk's extra field.
+
+    The same facts as ``context_headers``, which a stream cannot send: its headers went out
+    before the reply was decoded (docs/sessions.md, "What the agent still sees").
+    """
+    return {
+        CONTEXT_FIELD: {
+            "evicted_tokens": stats.evicted_tokens,
+            "oldest_resident_turn": stats.oldest_resident_turn,
+            "system_prompt_resident": stats.system_prompt_resident,
+        }
+    }
+
+
+def context_headers(stats: SessionStats) -> dict[str, str]:
+    """What the session's model still sees after a reply, as a non-streamed reply's headers."""
+    headers = {
+        "x-metronome-evicted-tokens": str(stats.evicted_tokens),
+        "x-metronome-system-prompt-resident": "true" if stats.system_prompt_resident else "false",
+    }
+    if stats.oldest_resident_turn is not None:  # absent when no turn is whole
+        headers["x-metronome-oldest-resident-turn"] = str(stats.oldest_resident_turn)
+    return headers

@@ -35,7 +35,8 @@ from metronome_engine import SamplingParams
 from .._bearer import bearer_matches
 from .._engine import Engine
 from .._log import get_logger
-from ..integrations._conversation import Conversation, ReplyPiece
+from .._session import Session
+from ..integrations._conversation import Conversation, ReplyPiece, new_turns, split_system
 from ..integrations._errors import ErrorMapping, error_mapping, retry_after_seconds
 from . import _openai as oai
 from ._config import ServeConfig
@@ -60,26 +61,6 @@ def _error_response(row: ErrorMapping, message: str, retry_after: float | None =
     return web.json_response(
         oai.error_body(row, message, retry_after=retry_after), status=row.status, headers=_headers(row, retry_after)
     )
-
-
-def _split_system(messages: Sequence[Mapping[str, str]]) -> tuple[str | None, list[Mapping[str, str]]]:
-    """A leading system message (the session's prompt), and the turns after it."""
-    if messages and messages[0]["role"] == "system":
-        return messages[0]["content"], list(messages[1:])
-    return None, list(messages)
-
-
-def _new_turns(messages: Sequence[Mapping[str, str]], system_prompt: str | None) -> list[Mapping[str, str]]:
-    """What an open session has not seen: the messages after the last assistant message.
-
-    The session holds its own replies (the whole of them, even where the client kept only
-    what it played); a leading system message equal to the session's prompt is not new.
-    """
-    last = max((i for i, m in enumerate(messages) if m["role"] == "assistant"), default=-1)
-    turns = list(messages[last + 1 :])
-    if last < 0 and turns and turns[0]["role"] == "system" and turns[0]["content"] == system_prompt:
-        turns = turns[1:]
-    return turns
 
 
 @web.middleware
@@ -265,7 +246,7 @@ class ChatServer:
         return Conversation(session, tokenizer, has_system_prompt=system_prompt is not None)
 
     async def _one_off(self, request: web.Request, req: oai.ChatRequest) -> web.StreamResponse:
-        system, turns = _split_system(req.messages)
+        system, turns = split_system(req.messages)
         try:
             conversation = await self._open(system)
         except Exception as exc:  # AdmissionRejected, a bad prompt, a closed engine
@@ -273,7 +254,9 @@ class ChatServer:
         try:
             return await self._respond(request, req, conversation, turns, None)
         finally:
-            await conversation.aclose()
+            # in a task of its own: aiohttp cancels a handler whose client left, natively (an anyio
+            # shield does not stop that), and a close cut half-way would keep the session's blocks
+            await asyncio.shield(conversation.aclose())
 
     async def _named(self, request: web.Request, req: oai.ChatRequest, key: str) -> web.StreamResponse:
         entry = self._registry.entry(key)
@@ -289,7 +272,7 @@ class ChatServer:
                     entry.busy = True
                     conversation = None
                 if conversation is None:
-                    system, turns = _split_system(req.messages)
+                    system, turns = split_system(req.messages)
                     try:
                         conversation = await self._open(system)
                     except Exception as exc:
@@ -297,7 +280,7 @@ class ChatServer:
                     entry.conversation, entry.system_prompt = conversation, system
                     self.metrics.named_sessions.set(len(self._registry))
                 else:
-                    turns = _new_turns(req.messages, entry.system_prompt)
+                    turns = new_turns(req.messages, entry.system_prompt)
                 return await self._respond(request, req, conversation, turns, entry)
         finally:
             entry.busy = False
@@ -336,14 +319,10 @@ class ChatServer:
         pieces = conversation.reply(turns, max_tokens=req.max_tokens)
         try:
             if req.stream:
-                return await self._stream(request, req, pieces, scope)
+                return await self._stream(request, req, pieces, scope, conversation.session)
             response = await self._complete(req, pieces, scope)
-            # what the model still sees after this reply (docs/sessions.md, "What the agent still sees")
-            stats = conversation.session.stats()
-            response.headers["x-metronome-evicted-tokens"] = str(stats.evicted_tokens)
-            response.headers["x-metronome-system-prompt-resident"] = "true" if stats.system_prompt_resident else "false"
-            if stats.oldest_resident_turn is not None:
-                response.headers["x-metronome-oldest-resident-turn"] = str(stats.oldest_resident_turn)
+            if response.status == 200:
+                response.headers.update(oai.context_headers(conversation.session.stats()))
             return response
         finally:
             await pieces.aclose()
@@ -393,6 +372,7 @@ class ChatServer:
         req: oai.ChatRequest,
         pieces: AsyncGenerator[ReplyPiece, None],
         scope: anyio.CancelScope,
+        session: Session,
     ) -> web.StreamResponse:
         response: web.StreamResponse | None = None
         ident, created = oai.new_id(), int(time.time())
@@ -431,7 +411,7 @@ class ChatServer:
             except StopAsyncIteration:
                 pass  # max_tokens reached
             except ConnectionResetError:
-                return response  # the client left; the session settles what it still owes next time
+                return response  # the client left: closing the reply cuts it (the context keeps what was sent)
             except Exception as exc:
                 row = error_mapping(exc)
                 self.metrics.stream_errors.labels(row.exception).inc()
@@ -445,7 +425,8 @@ class ChatServer:
             await send(oai.error_body(row, message))
             return response
         assert response is not None and piece is not None
-        await send(chunk({}, "stop" if piece.stop else "length"))
+        # the last chunk also says what the model still sees (the non-streamed reply's headers)
+        await send({**chunk({}, "stop" if piece.stop else "length"), **oai.context_field(session.stats())})
         if req.include_usage:
             await send({**chunk({}), "choices": [], "usage": oai.usage(0, count)})
         await send("[DONE]")

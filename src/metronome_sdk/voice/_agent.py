@@ -17,10 +17,10 @@ import numpy as np
 import numpy.typing as npt
 
 from .._audio import pcm16, resample
-from .._exceptions import MetronomeError, Overloaded, SessionBroken, SessionClosed
+from .._exceptions import MetronomeError, Overloaded, SessionBroken, SessionClosed, TurnInterrupted
 from .._frames import OutputFrame
 from .._log import get_logger
-from .._session import Session
+from .._session import Interrupted, Session
 from ..transports._base import Event, Transport
 from ._protocols import Playback, SpeechToText, TextToSpeech
 from ._vad import VoiceActivityDetector
@@ -126,8 +126,11 @@ class VoiceAgent:
     ``voice_to_voice``.
 
     Barge-in: when the caller speaks for ``barge_in`` seconds while a reply is under way, the
-    reply stops at once: no more decoding, no more sentences spoken, and on a transport that
-    plays audio in real time (``Playback``, as ``WebRTCPeer``) the queued reply audio is cut.
+    reply stops at once: ``Session.interrupt()`` withdraws the frame being decoded, so the
+    session's context keeps only the reply tokens the agent had received (and sent to the peer
+    as transcript) before the cut (``last_cut``); no more sentences are spoken, and on a
+    transport that plays audio in real time (``Playback``, as ``WebRTCPeer``) the queued reply
+    audio is cut.
 
     ``run()`` answers the turn in progress when the caller's audio ends (and lets it play
     out), then closes the transport and returns. If the engine fails the session
@@ -178,6 +181,8 @@ class VoiceAgent:
         self._next: _Turn | None = None  # heard, not yet answered
         self._heard = anyio.Event()
         self._replying: _Turn | None = None  # from transcription until its last sentence is spoken
+        self._decoding: _Turn | None = None  # its reply's frames are being stepped: interrupt() cuts them
+        self.last_cut: Interrupted | None = None  # what the last barge-in left in the session's context
         self._cut = 0  # replies to turns up to this number are cut (barge-in)
         self._unspoken = 0  # sentences sent to the voice and not yet handed to the transport
         self._failure: MetronomeError | None = None
@@ -258,13 +263,21 @@ class VoiceAgent:
         playing = isinstance(self.transport, Playback) and self.transport.queued_audio_seconds > 0
         if not (decoding or playing):
             return
+        event: Event = {"type": "interrupted", "decoding": decoding, "playing": playing}
         if turn is not None:
             self._cut = max(self._cut, turn.number)
+            if decoding and self._decoding is turn and not self.session.closed:
+                # the frame being decoded is withdrawn: the context keeps what the agent received
+                cut = self.last_cut = self.session.interrupt()
+                event["kept_tokens"] = len(cut.kept)
+                event["trimmed"] = cut.trimmed
         if isinstance(self.transport, Playback):
             self.transport.clear_audio()
         self.interruptions += 1
-        self._log.info("voice.barge_in", turn=self._cut, decoding=decoding, playing=playing)
-        await self.transport.send_event({"type": "interrupted", "decoding": decoding, "playing": playing})
+        self._log.info(
+            "voice.barge_in", turn=self._cut, decoding=decoding, playing=playing, kept_tokens=event.get("kept_tokens")
+        )
+        await self.transport.send_event(event)
 
     async def _last_word(self) -> None:
         """The caller's audio ended mid-turn: answer that turn, and let the answer play out."""
@@ -316,34 +329,48 @@ class VoiceAgent:
         deadline = engine.timing.frame_deadline if engine is not None else math.nan
         reply: list[str] = []
         sentence = ""
-        out = await self.session.step(text)
-        produced = max(1, len(out.tokens))  # tokens: a frame may carry several (decode_tokens)
-        while True:
-            await self.transport.send_event(frame_event(out, deadline))
-            if out.text:
-                reply.append(out.text)
-                sentence += out.text
-                await self.transport.send_event(
-                    {"type": "transcript", "role": "assistant", "text": out.text, "final": False}
-                )
-            cut = turn.number <= self._cut
-            last = cut or out.stop or produced >= self.max_reply_tokens
-            if not cut and sentence.strip() and (last or _SENTENCE_END.search(sentence)):
-                if math.isnan(turn.first_sentence_at):
-                    turn.first_sentence_at = time.monotonic()
-                self._unspoken += 1
-                await self._speech_in.send((turn, sentence.strip()))
-                sentence = ""
-            if last:
-                break
-            out = await self.session.step()
-            produced += max(1, len(out.tokens))
+        produced = 0  # tokens: a frame may carry several (decode_tokens)
+        stopped = cut = False
+        frame: str | None = text
+        self._decoding = turn
+        try:
+            while True:
+                if frame is None and turn.number <= self._cut:  # cut while the agent was not stepping
+                    cut = True
+                    break
+                try:
+                    out = await self.session.step(frame)
+                except TurnInterrupted:  # barge-in withdrew this frame: its tokens are not the reply's
+                    cut = True
+                    break
+                frame = None
+                produced += max(1, len(out.tokens))
+                stopped = out.stop
+                await self.transport.send_event(frame_event(out, deadline))
+                if out.text:
+                    reply.append(out.text)
+                    sentence += out.text
+                    await self.transport.send_event(
+                        {"type": "transcript", "role": "assistant", "text": out.text, "final": False}
+                    )
+                cut = turn.number <= self._cut
+                last = cut or out.stop or produced >= self.max_reply_tokens
+                if not cut and sentence.strip() and (last or _SENTENCE_END.search(sentence)):
+                    if math.isnan(turn.first_sentence_at):
+                        turn.first_sentence_at = time.monotonic()
+                    self._unspoken += 1
+                    await self._speech_in.send((turn, sentence.strip()))
+                    sentence = ""
+                if last:
+                    break
+        finally:
+            self._decoding = None
         answer = "".join(reply).strip()
         final: Event = {"type": "transcript", "role": "assistant", "text": answer, "final": True}
         if cut:
             final["interrupted"] = True
         await self.transport.send_event(final)
-        self._log.info("voice.answered", tokens=produced, chars=len(answer), stopped=out.stop, interrupted=cut)
+        self._log.info("voice.answered", tokens=produced, chars=len(answer), stopped=stopped, interrupted=cut)
 
     async def _speak_loop(self) -> None:
         async for turn, sentence in self._speech_out:
