@@ -114,6 +114,9 @@ class TimingConfig:
     the deadline (the rest is the wait for the tick); an int fixes it; ``None`` turns it
     off (every session's chunk goes whole, however long the step). Sessions already
     talking keep their beat; newcomers' prefill is spread over ticks (docs/sessions.md).
+
+    ``growth_window`` is how many seconds of ticks the growth rate ``r`` behind ``t_sat`` is
+    measured over (docs/alerting.md shows the gauge's error against it).
     """
 
     period: float = 0.080
@@ -122,6 +125,7 @@ class TimingConfig:
     max_chunk_tokens: int = 64
     tick_tokens: int | Literal["auto"] | None = "auto"
     step_share: float = 0.75
+    growth_window: float = 5.0
 
     def __post_init__(self) -> None:
         _positive_float("period", self.period, "80 ms (period=0.08) is Moshi's 12.5 Hz frame rate")
@@ -131,6 +135,7 @@ class TimingConfig:
         if self.tick_tokens is not None and self.tick_tokens != "auto":
             _positive_int("tick_tokens", self.tick_tokens, "or 'auto' to size it from the measured step cost")
         _in_unit("step_share", self.step_share, "the share of the deadline a step may take; try 0.75")
+        _positive_float("growth_window", self.growth_window, "seconds of ticks t_sat's growth rate is measured over")
 
     @property
     def frame_deadline(self) -> float:

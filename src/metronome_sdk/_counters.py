@@ -4,9 +4,8 @@ One method per event, so an event is counted in one call, never three times in t
 places: ``stats()`` reads the totals, ``Session.stats()`` the session's counts, and the
 Prometheus registry (``EngineMetrics``) is updated in the same call.
 
-The growth rate ``r`` and ``t_sat`` are kept here too, in one unit: blocks. ``r`` is the KV
-blocks one session adds per second; ``t_sat = free_blocks / (N * r)`` is the first-order time
-until the pool is full (docs/concepts.md gives the same formula as a share of the pool).
+The growth rate ``r`` is measured here too, tick by tick; ``t_sat`` is ``_growth.t_sat`` (the
+one formula, in blocks) over it.
 """
 
 from __future__ import annotations
@@ -19,6 +18,8 @@ from metronome_engine import PoolStats
 
 from ._admission import AIMDAdmitter, percentile
 from ._channel import SessionCounts
+from ._growth import GrowthRate
+from ._growth import t_sat as saturation_time
 from ._metrics import EngineMetrics
 from ._state import Shared
 from ._stats import EngineStats
@@ -26,7 +27,6 @@ from ._stats import EngineStats
 __all__: list[str] = []  # internal: Counters, Fault
 
 _LATENCY_WINDOW = 4096  # frames the latency percentiles in stats() look back over
-_GROWTH_WINDOW = 64  # ticks the growth rate r is measured over
 
 
 class Fault(enum.Enum):
@@ -43,7 +43,7 @@ class Fault(enum.Enum):
 
 
 class Counters:
-    def __init__(self, metrics: EngineMetrics) -> None:
+    def __init__(self, metrics: EngineMetrics, *, growth_window: float) -> None:
         self.metrics = metrics
         self.ticks = 0
         self.frames = 0
@@ -61,7 +61,7 @@ class Counters:
         self.slow_steps = 0
         self.budget_waits = 0  # session-ticks a frame waited because the tick's budget was spent
         self.latencies: deque[float] = deque(maxlen=_LATENCY_WINDOW)
-        self._growth: deque[tuple[float, int, int]] = deque(maxlen=_GROWTH_WINDOW)  # (dt, blocks, sessions)
+        self._growth = GrowthRate(growth_window)
         self._last_tick_time: float | None = None
 
     # sessions ------------------------------------------------------------------------------------
@@ -139,7 +139,7 @@ class Counters:
     def tick(self, done: float, grown_blocks: int, sessions: int) -> int:
         """Count a tick whose step returned at ``done``; returns its number."""
         if self._last_tick_time is not None:
-            self._growth.append((done - self._last_tick_time, grown_blocks, sessions))
+            self._growth.observe(done - self._last_tick_time, grown_blocks, sessions)
         self._last_tick_time = done
         n = self.ticks
         self.ticks += 1
@@ -152,20 +152,14 @@ class Counters:
         self.metrics.limit.set(limit)
 
     def growth_rate(self) -> float:
-        """``r``: KV blocks one session adds per second, over the last ticks."""
-        session_seconds = sum(dt * n for dt, _, n in self._growth)
-        if session_seconds <= 0:
-            return 0.0
-        return max(0.0, sum(g for _, g, _ in self._growth) / session_seconds)
+        """``r``: KV blocks one session adds per second, over the growth window."""
+        return self._growth.rate()
 
     def t_sat(self, pool: PoolStats, sessions: int, *, bounded: bool) -> float | None:
-        """Seconds until the pool is full at the current growth, ``free_blocks / (N * r)``; ``None``: never."""
+        """The gauge: seconds until the pool is full at the measured growth; ``None``: never."""
         if bounded:
             return None  # bounded sessions: the memory guard keeps the pool from ever filling
-        r = self.growth_rate()
-        if r <= 0 or sessions == 0:
-            return None
-        return max(0.0, (pool.num_blocks - pool.used_blocks) / (sessions * r))
+        return saturation_time(pool.num_blocks - pool.used_blocks, sessions, self.growth_rate())
 
     def publish_t_sat(self, t_sat: float | None) -> None:
         self.metrics.t_sat.set(math.inf if t_sat is None else t_sat)

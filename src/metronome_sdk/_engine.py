@@ -107,7 +107,7 @@ class Engine:
         self.reliability = reliability or ReliabilityConfig()
         self.codec = codec  # none by default: audio frames need one named (codec=), text and tokens do not
         self.metrics = EngineMetrics()
-        self._counters = Counters(self.metrics)
+        self._counters = Counters(self.metrics, growth_window=self.timing.growth_window)
         self._core: EngineBackend | None = core
         self._tokenizer = tokenizer
         self._clock = clock

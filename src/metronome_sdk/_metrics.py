@@ -51,7 +51,7 @@ class EngineMetrics:
         self.occupancy = Gauge("metronome_pool_occupancy", "Fraction of KV blocks in use", registry=r)
         self.t_sat = Gauge(
             "metronome_t_sat_seconds",
-            "Predicted time to pool saturation, (1 - rho0) / (N * r); +Inf when the pool does not grow",
+            "Seconds until the KV pool is full at the measured growth: free blocks / (N * r); +Inf: never",
             registry=r,
         )
         self._server: Any = None

@@ -13,8 +13,8 @@ class EngineStats:
 
     Latencies are seconds over the most recent frames (``None`` before the first).
     ``growth_rate`` is ``r``, KV blocks per second per session, measured over the last
-    ticks; ``t_sat = (1 - rho0) / (N * r)`` is the first-order prediction of when the
-    pool fills (``None`` when it is not growing).
+    ``TimingConfig.growth_window`` seconds; ``t_sat`` is the seconds until the pool is full
+    at that growth, free blocks ``/ (sessions * growth_rate)`` (``None``: it will not fill).
     """
 
     sessions: int
@@ -94,3 +94,6 @@ class TickReport:
     tokens: int = 0  # tokens the tick appended (extra decode rounds included)
     waiting: tuple[int, ...] = ()  # ids of sessions with input that waited on the tick's token budget
     tick_tokens: int | None = None  # the tick's token budget (None: no budget)
+    grown_blocks: int = 0  # blocks the tick's sessions took (what the growth rate is measured from)
+    growth_rate: float = 0.0  # stats().growth_rate after this tick
+    t_sat: float | None = None  # stats().t_sat after this tick: the gauge, as published

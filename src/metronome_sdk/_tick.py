@@ -307,7 +307,7 @@ class TickLoop:
                 latencies.append(applied.latency)
         self.counters.tick(done, grown, len(self.shared.slots))
         appended = sum(t for t, _ in result.steps)
-        self._account(tick, done, entries, stalled, latencies, result.step_seconds, appended)
+        self._account(tick, done, entries, stalled, latencies, result.step_seconds, appended, grown)
 
     # the watchdog --------------------------------------------------------------------------------
 
@@ -382,6 +382,7 @@ class TickLoop:
         latencies: list[float],
         step_seconds: float,
         tokens: int,
+        grown: int,
     ) -> None:
         admitter, n = self.admitter, len(self.shared.slots)
         before = admitter.limit
@@ -393,7 +394,8 @@ class TickLoop:
         pool = self.shared.pool
         self.counters.limit(limit)
         self.counters.pool(pool)
-        self.counters.publish_t_sat(self.counters.t_sat(pool, n, bounded=self.shared.session_blocks is not None))
+        t_sat = self.counters.t_sat(pool, n, bounded=self.shared.session_blocks is not None)
+        self.counters.publish_t_sat(t_sat)
         if self._on_tick is not None:
             report = TickReport(
                 tick=tick,
@@ -408,6 +410,9 @@ class TickLoop:
                 tokens=tokens,
                 waiting=tuple(self._waiting),
                 tick_tokens=self.budget_now,
+                grown_blocks=grown,
+                growth_rate=self.counters.growth_rate(),
+                t_sat=t_sat,
             )
             try:
                 self._on_tick(report)

@@ -34,7 +34,13 @@ def test_cliff_quick(tmp_path: Path) -> None:
     assert full["runs"] == window["runs"] == 8
     assert window["collapsed"] == 0 and window["stalls"] == 0
     assert full["collapsed"] >= 4  # most runs (17 of 20 in the full run)
-    assert full["t_sat_rel_err_median"] is not None and full["t_sat_rel_err_median"] < 0.15
+    # per run, the engine's gauge from the first tick and its forecast scored against the stall
+    for run in full["per_run"] + window["per_run"]:
+        assert run["gauge"]["points"] and {"stall_at_s", "leads", "alarm"} <= set(run["forecast"])
+    alarm = full["forecast"]["alarm"]
+    assert alarm["fired_before_collapse"] == alarm["collapses"] == full["collapsed"]
+    assert window["forecast"]["alarm"]["false_alarm_runs"] == 0
+    assert full["forecast"]["leads"]["1"]["rel_err_median"] < 0.5  # the gauge 1 s out, loosely
 
 
 def test_cliff_quick_silent_frames_are_empty_and_on_time(tmp_path: Path) -> None:

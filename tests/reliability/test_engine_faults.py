@@ -48,8 +48,8 @@ def test_nan_in_the_logits_rows_of_one_session_is_reported_for_that_session_only
     a, b = core.add_sequence(), core.add_sequence(sampling=SamplingParams(temperature=1.0, seed=1))
     real_logits = core.model.logits
 
-    def nan_in_row_one(hidden: torch.Tensor) -> torch.Tensor:
-        out = real_logits(hidden).clone()
+    def nan_in_row_one(hidden: torch.Tensor, ops: object = None) -> torch.Tensor:
+        out = real_logits(hidden, ops).clone()
         out[1, 3] = float("nan")  # the second session's (b's) row: sampling it would raise in multinomial
         return out
 

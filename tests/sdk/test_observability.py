@@ -66,6 +66,32 @@ async def test_stats_predict_saturation_from_measured_growth() -> None:
     assert engine.stats().t_sat is None  # no sessions: nothing fills the pool
 
 
+async def test_each_tick_report_carries_the_gauge_stats_shows() -> None:
+    clock, reports = FakeClock(), []
+    engine = make_engine(KVPolicy.full(), num_blocks=64, clock=clock, on_tick=reports.append)
+    async with engine, engine.session() as s:
+        for _ in range(5):
+            clock.advance(1.0)
+            await s.step(FRAME)
+            last, stats = reports[-1], engine.stats()
+            assert (last.t_sat, last.growth_rate) == (stats.t_sat, stats.growth_rate)
+        assert [r.grown_blocks for r in reports] == [1] * 5  # one block a tick, as counted into r
+        assert reports[-1].t_sat == pytest.approx((64 - 5) / 1.0)
+
+
+async def test_the_growth_window_is_the_engines_to_set() -> None:
+    clock = FakeClock()
+    timing = TimingConfig(period=0.001, deadline=60.0, max_chunk_tokens=8, growth_window=2.0)
+    engine = make_engine(KVPolicy.full(), num_blocks=64, clock=clock, timing=timing)
+    async with engine, engine.session() as s:
+        for step in range(8):
+            clock.advance(1.0)
+            # 4 tokens a tick (one block) for 4 ticks, then 1 token a tick (a block every 4 ticks)
+            await s.step(FRAME if step < 4 else InputFrame.empty())
+        # the last 2 s saw at most one block: a 5 s window would still see the fast ticks
+        assert engine.stats().growth_rate <= 0.5
+
+
 async def test_prometheus_metrics_render_and_serve() -> None:
     async with make_engine(limit=3) as engine, engine.session() as s:
         for _ in range(3):

@@ -4,14 +4,12 @@ The pool holds exactly what the window policy needs for every session at its bou
 window can never stall; the full policy keeps every token, and whether a run falls off the
 cliff depends on a race between the pool filling and sessions leaving (metastable).
 
-The first-order model predicts when: ``t_sat = (1 - rho0) / (N * r)``. The prediction is made
-one tick after the last change of the number of open sessions before the stall (an arrival or
-a departure: the model assumes ``N`` constant; a departure's blocks are back in the pool one
-tick after the count drops), from that tick's occupancy ``rho0`` and ``N``,
-with ``r`` the nominal rate ``tokens_per_tick / (block_size * period)`` blocks per second per
-session, as a share of the pool (``rho`` is a share, so ``r`` is one too: blocks per second
-divided by the pool's blocks). The observed saturation time is the first tick with the pool
-full; the run's collapse is the first stall, usually one tick later. Nothing is fitted.
+The engine's own gauge says when: ``TickReport.t_sat`` (``engine.stats().t_sat`` after each
+tick, free blocks ``/ (N * r)`` with ``r`` measured) is recorded at every tick from the start
+of each run and scored after it against the first stall (``forecast.score``: its error at
+fixed lead times before the stall, and when the alarm ``t_sat < alarm`` fired). Nothing is
+chosen knowing when the stall came. The runs are short (the pool fills in about 2 s), so only
+the short leads have scores; ``bench forecast`` runs the long ones, on traffic that varies.
 """
 
 from __future__ import annotations
@@ -31,6 +29,7 @@ from metronome_engine.model import LlamaModel
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
 
 from .._admission import percentile
+from .forecast import ALARM_S, LEADS, ForecastScore, GaugePoint, gauge_series, score, summarize_scores
 from .silent import SilentBackend
 from .workload import (
     Policy,
@@ -45,11 +44,8 @@ from .workload import (
 __all__ = [
     "CliffConfig",
     "CliffRun",
-    "Prediction",
-    "predict_at_last_change",
     "run_cliff",
     "summarize",
-    "t_sat",
 ]
 
 
@@ -69,6 +65,7 @@ class CliffConfig(StreamExperiment):
     silent: bool = False
     concurrency: int = 5
     time_scale: float = 1.0
+    alarm: float = ALARM_S  # seconds: the alarm t_sat < alarm
 
     def __post_init__(self) -> None:
         if self.sessions < 1 or self.runs < 1:
@@ -95,80 +92,6 @@ class CliffConfig(StreamExperiment):
         """Blocks per second one streaming session adds under the full policy."""
         return self.spec.tokens_per_tick / (self.block_size * self.spec.period)
 
-    @property
-    def growth_rate(self) -> float:
-        """``r``: the share of the pool one streaming session adds per second under the full policy."""
-        return self.blocks_per_second / self.pool_blocks
-
-
-def t_sat(rho0: float, n: int, r: float) -> float:
-    """The first-order saturation time ``(1 - rho0) / (N * r)`` in seconds (``r``: pool share per second)."""
-    if n < 1 or r <= 0:
-        raise ValueError(f"t_sat needs n >= 1 sessions and r > 0, got n={n}, r={r}")
-    return max(0.0, 1.0 - rho0) / (n * r)
-
-
-@dataclass(frozen=True, slots=True)
-class Prediction:
-    made_at: float  # seconds into the run
-    rho0: float
-    sessions: int
-    predicted: float  # seconds after made_at
-    observed: float  # seconds after made_at
-
-    @property
-    def rel_err(self) -> float:
-        return abs(self.predicted - self.observed) / self.observed if self.observed > 0 else math.inf
-
-
-@dataclass(frozen=True, slots=True)
-class _Tick:
-    time: float
-    sessions: int
-    used: int
-    pool: int
-    stalled: int
-
-
-def predict_at_last_change(ticks: list[_Tick] | Any, r: float, start: float = 0.0) -> Prediction | None:
-    """The prediction made at the last change of the session count before the first stall, and the observed
-    saturation: the first tick after it with the pool full (or the stall, if it came first).
-
-    ``ticks`` are ``TickReport``-like (``time``, ``sessions``, ``used_blocks``/``used``,
-    ``pool_blocks``/``pool``, ``stalled``). ``None`` when nothing stalled.
-    """
-    rows = [_as_tick(t) for t in ticks]
-    stall = next((i for i, t in enumerate(rows) if t.stalled), None)
-    if stall is None:
-        return None
-    change = 0
-    for i in range(1, stall):
-        if rows[i].sessions != rows[i - 1].sessions:
-            change = i
-    # a departing session leaves the count at once but frees its blocks after the step in
-    # flight: the next tick is the first to show both, so the state is read there
-    at = rows[change + 1] if change > 0 and change + 1 < stall else rows[change]
-    if at.sessions < 1:
-        return None
-    rho0 = at.used / at.pool
-    # saturation is the pool reaching 1 (what the model predicts); the stall follows on the next
-    # tick that needs a block. A chunk that needs two blocks can stall with one still free.
-    saturated = next((i for i in range(stall) if rows[i].used >= rows[i].pool and rows[i].time > at.time), stall)
-    return Prediction(
-        made_at=at.time - start,
-        rho0=rho0,
-        sessions=at.sessions,
-        predicted=t_sat(rho0, at.sessions, r),
-        observed=rows[saturated].time - at.time,
-    )
-
-
-def _as_tick(t: Any) -> _Tick:
-    if isinstance(t, _Tick):
-        return t
-    stalled = t.stalled if isinstance(t.stalled, int) else len(t.stalled)
-    return _Tick(t.time, t.sessions, t.used_blocks, t.pool_blocks, stalled)
-
 
 @dataclass(slots=True)
 class CliffRun:
@@ -178,7 +101,8 @@ class CliffRun:
     stalls: int
     frames: dict[str, int]
     peak_occupancy: float
-    prediction: Prediction | None
+    gauge: list[GaugePoint]  # the engine's t_sat after every tick
+    forecast: ForecastScore
     dashboard_p50_ms: float | None  # what a latency dashboard shows: every answered frame, empty ones too
     dashboard_p99_ms: float | None
     deadline_misses: int
@@ -188,7 +112,6 @@ class CliffRun:
     empty_share: list[tuple[float, float]] = field(default_factory=list)  # (seconds, share of frames empty)
 
     def as_dict(self) -> dict[str, Any]:
-        p = self.prediction
         return {
             "policy": self.policy,
             "run": self.run,
@@ -196,13 +119,20 @@ class CliffRun:
             "stalls": self.stalls,
             "frames": self.frames,
             "peak_occupancy": round(self.peak_occupancy, 4),
-            "t_sat_observed_s": None if p is None else round(p.observed, 4),
-            "t_sat_predicted_s": None if p is None else round(p.predicted, 4),
-            "t_sat_rel_err": None if p is None else round(p.rel_err, 4),
             "stalled_at_s": None if self.stalled_at is None else round(self.stalled_at, 4),
-            "predicted_at_s": None if p is None else round(p.made_at, 4),
-            "predicted_rho0": None if p is None else round(p.rho0, 4),
-            "predicted_sessions": None if p is None else p.sessions,
+            "forecast": self.forecast.as_dict(),
+            "gauge": {
+                "columns": ["t_s", "t_sat_s", "sessions", "occupancy"],
+                "points": [
+                    [
+                        round(p.time, 3),
+                        None if p.t_sat is None else round(p.t_sat, 3),
+                        p.sessions,
+                        round(p.occupancy, 4),
+                    ]
+                    for p in self.gauge
+                ],
+            },
             "dashboard_p50_ms": self.dashboard_p50_ms,
             "dashboard_p99_ms": self.dashboard_p99_ms,
             "deadline_misses": self.deadline_misses,
@@ -239,8 +169,8 @@ async def _one_run(config: CliffConfig, model: LlamaModel, kind: Policy, run: in
 
 
 def _summarize_run(config: CliffConfig, kind: Policy, run: int, trace: WorkloadTrace) -> CliffRun:
-    ticks = trace.ticks
-    prediction = predict_at_last_change(ticks, config.growth_rate, trace.start)
+    ticks = [t for t in trace.ticks if t.time >= trace.start]
+    gauge = gauge_series(ticks, trace.start)
     outcomes: dict[str, int] = {}
     for f in trace.frames:
         outcomes[f.outcome] = outcomes.get(f.outcome, 0) + 1
@@ -253,6 +183,8 @@ def _summarize_run(config: CliffConfig, kind: Policy, run: int, trace: WorkloadT
         if f.outcome in ("ok", "empty", "stalled"):
             empty.setdefault(int((f.sent - trace.start) / bucket), []).append(f.outcome != "ok")
     stall = trace.first_stall()
+    stalled_at = None if stall is None else stall.time - trace.start
+    leads = tuple(lead * config.time_scale for lead in LEADS)
     return CliffRun(
         policy=kind,
         run=run,
@@ -260,12 +192,13 @@ def _summarize_run(config: CliffConfig, kind: Policy, run: int, trace: WorkloadT
         stalls=trace.stalls(),
         frames=outcomes,
         peak_occupancy=max((t.used_blocks / t.pool_blocks for t in ticks), default=0.0),
-        prediction=prediction,
+        gauge=gauge,
+        forecast=score(gauge, stalled_at, leads=leads, threshold=config.alarm * config.time_scale),
         dashboard_p50_ms=round(percentile(dash, 0.5) * 1e3, 2) if dash else None,
         dashboard_p99_ms=round(percentile(dash, 0.99) * 1e3, 2) if dash else None,
         deadline_misses=sum(1 for v in dash if v > deadline),
         tick_interval_ms=statistics.mean(intervals) * 1e3 if intervals else math.nan,
-        stalled_at=None if stall is None else stall.time - trace.start,
+        stalled_at=stalled_at,
         occupancy=[(t.time - trace.start, t.used_blocks / t.pool_blocks) for t in ticks],
         empty_share=[((k + 0.5) * bucket, sum(v) / len(v)) for k, v in sorted(empty.items())],
     )
@@ -296,15 +229,14 @@ def run_cliff(config: CliffConfig, *, on_run: Callable[[CliffRun], None] | None 
 
 
 def summarize(config: CliffConfig, runs: list[CliffRun]) -> dict[str, Any]:
-    """The JSON report: collapses per policy, the t_sat prediction beside each observed saturation."""
+    """The JSON report: collapses per policy, the gauge's forecast scored against each collapse."""
     out: dict[str, Any] = {}
     for kind in ("full", "window"):
         mine = [r for r in runs if r.policy == kind]
-        errs = [r.prediction.rel_err for r in mine if r.prediction is not None]
         entry: dict[str, Any] = {
             "runs": len(mine),
             "collapsed": sum(r.collapsed for r in mine),
-            "t_sat_rel_err_median": round(statistics.median(errs), 4) if errs else None,
+            "forecast": summarize_scores([r.forecast for r in mine]),
             "peak_occupancy_max": round(max((r.peak_occupancy for r in mine), default=0.0), 4),
             "stalls": sum(r.stalls for r in mine),
             "per_run": [r.as_dict() for r in mine],
@@ -330,16 +262,15 @@ def summarize(config: CliffConfig, runs: list[CliffRun]) -> dict[str, Any]:
         "sinks": config.sinks,
         "pool_blocks": config.pool_blocks,
         "session_bound_blocks": config.session_bound,
-        "r_blocks_per_s": round(config.blocks_per_second, 4),
-        "r_pool_share_per_s": round(config.growth_rate, 5),
+        "nominal_r_blocks_per_s": round(config.blocks_per_second, 4),
         "arrival_spread_s": config.arrival_spread * config.time_scale,
         "duration_s": [d * config.time_scale for d in config.duration],
         "model": config.model,
         "silent": config.silent,
         "seed": config.seed,
         "time_scale": config.time_scale,
-        "prediction": "one tick after the last change of the open-session count before the first stall: "
-        "rho0 and N of that tick, r = tokens_per_tick / (block_size * period * pool_blocks)",
+        "alarm_s": config.alarm * config.time_scale,
+        "gauge": "TickReport.t_sat: engine.stats().t_sat after every tick, free blocks / (N * r), r measured",
     }
     return out
 

@@ -8,9 +8,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .admit import AdmitRun
     from .cliff import CliffRun
+    from .forecast import GaugePoint
+    from .forecast_runs import ForecastRun
     from .sweep import SweepPoint
 
-__all__ = ["plot_admit", "plot_cliff", "plot_silent", "plot_sweep"]
+__all__ = ["plot_admit", "plot_cliff", "plot_forecast", "plot_silent", "plot_sweep"]
 
 _COLORS = {"full": "tab:red", "window": "tab:blue"}
 
@@ -58,16 +60,58 @@ def plot_cliff(runs: list[CliffRun], out: Path) -> list[Path]:
     paths = [_save(fig, out / "cliff_occupancy.png")]
 
     fig, ax = plt.subplots(figsize=(4.2, 4))
-    pred = [(r.prediction.predicted, r.prediction.observed) for r in runs if r.prediction is not None]
-    if pred:
-        p, o = zip(*pred, strict=True)
-        ax.scatter(o, p, color=_COLORS["full"], s=18)
-        top = max(*p, *o) * 1.1
-        ax.plot([0, top], [0, top], color="gray", lw=1, ls="--", label="prediction = observation")
-        ax.set(xlim=(0, top), ylim=(0, top))
-        ax.legend(fontsize=8)
-    ax.set(xlabel="observed t_sat (s)", ylabel="predicted (1 - rho0) / (N r) (s)", title="t_sat, kv=full")
+    _gauge_against_truth(ax, [(r.gauge, r.stalled_at) for r in runs if r.policy == "full"])
+    ax.set(title="The t_sat gauge, kv=full")
     paths.append(_save(fig, out / "cliff_tsat.png"))
+    return paths
+
+
+def _gauge_against_truth(ax: Any, runs: list[tuple[list[GaugePoint], float | None]]) -> None:
+    """Every tick before a stall: what the gauge said against the seconds that were left."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for series, stall in runs:
+        if stall is None:
+            continue
+        for p in series:
+            if p.time < stall and p.t_sat is not None and p.t_sat > 0:
+                xs.append(stall - p.time)
+                ys.append(p.t_sat)
+    if xs:
+        ax.scatter(xs, ys, color=_COLORS["full"], s=3, alpha=0.3)
+        lo, hi = min(*xs, *ys), max(*xs, *ys)
+        ax.plot([lo, hi], [lo, hi], color="gray", lw=1, ls="--", label="gauge = time left")
+        ax.set(xscale="log", yscale="log")
+        ax.legend(fontsize=8)
+    ax.set(xlabel="seconds left until the first stall", ylabel="t_sat gauge (s)")
+
+
+def plot_forecast(runs: list[ForecastRun], report: dict[str, Any], out: Path) -> list[Path]:
+    """The forecast's error against lead time, per growth window; the gauge against the time left."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 3.8))
+    full = report["full"]
+    live = report["config"]["growth_window_s"]
+    for w, summary in full["by_window"].items():
+        leads = [
+            (float(k), v["rel_err_median"]) for k, v in summary["leads"].items() if v["rel_err_median"] is not None
+        ]
+        if not leads:
+            continue
+        x, y = zip(*leads, strict=True)
+        own = float(w) == live
+        ax.plot(
+            x, y, "o-" if own else ".:", lw=2 if own else 1, label=f"window {w} s" + (" (the engine's)" if own else "")
+        )
+    ax.axhline(0.15, color="black", ls="--", lw=1, label="15 %")
+    ax.set(xlabel="lead time before the first stall (s)", ylabel="median relative error", xscale="log")
+    ax.set(title="t_sat as a forecast, kv=full")
+    ax.legend(fontsize=7)
+    paths = [_save(fig, out / "forecast_error.png")]
+    fig, ax = plt.subplots(figsize=(4.2, 4))
+    _gauge_against_truth(ax, [(r.series, r.score.stall_at) for r in runs if r.family == "full"])
+    ax.set(title="The live gauge, kv=full")
+    paths.append(_save(fig, out / "forecast_gauge.png"))
     return paths
 
 

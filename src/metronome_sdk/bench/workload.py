@@ -7,7 +7,8 @@ leaves. Arrivals and durations come from a seeded generator, so a run is repeata
 Frames are sent on the engine's metronome: ``lead`` seconds before the tick that takes them,
 the phase read from the engine's ``TickReport``s. That is the best case for a metronome (a
 frame arriving just after a tick would wait a whole period), so latency measures the engine.
-A round's frames are submitted together, so one tick takes them all.
+A round's frames are submitted together, so one tick takes them all. ``run_workload(load=...)``
+varies what each session sends frame by frame (``FrameLoad``: speech, silence, long answers).
 """
 
 from __future__ import annotations
@@ -42,6 +43,7 @@ Policy = Literal["full", "window"]
 
 
 __all__ = [
+    "FrameLoad",
     "FrameRecord",
     "SessionPlan",
     "SessionRecord",
@@ -115,6 +117,24 @@ class StreamSpec:
     def tokens_per_tick(self) -> int:
         """Tokens a streaming session appends each tick: its frame plus its fed-back output token."""
         return self.tokens_per_frame + 1
+
+
+@dataclass(frozen=True, slots=True)
+class FrameLoad:
+    """What one session sends one tick: ``tokens`` input tokens (0: an empty frame, the model talks on),
+    and how many tokens the frame's output carries (``decode``: the session's ``decode_tokens``)."""
+
+    tokens: int
+    decode: int = 1
+
+    def __post_init__(self) -> None:
+        if self.tokens < 0 or self.decode < 1:
+            raise ValueError(f"a frame carries tokens >= 0 and decodes >= 1, got {self.tokens} and {self.decode}")
+
+    def frame(self, first_token: int = 32) -> InputFrame:
+        if self.tokens == 0:
+            return InputFrame.empty()
+        return InputFrame.from_tokens(range(first_token, first_token + self.tokens))
 
 
 class StreamExperiment:
@@ -259,12 +279,14 @@ async def run_workload(
     horizon: float,
     clock: Callable[[], float] = time.monotonic,
     on_round: Callable[[float], None] | None = None,
+    load: Callable[[SessionPlan, int], FrameLoad] | None = None,
 ) -> WorkloadTrace:
     """Stream ``plans`` on ``engine`` until every session has left or ``horizon`` seconds passed.
 
     ``engine`` must be started and report its ticks into ``trace.ticks`` (``on_tick``).
     Sessions are opened with ``try_session``: one the engine refuses is recorded and
     does not come back. ``on_round`` gets the seconds elapsed after every round.
+    ``load(plan, frame_index)`` says what a session sends each frame (default: ``spec.frame()``).
     """
     period = spec.period
     phase = _Phase(trace.ticks, period)
@@ -299,7 +321,7 @@ async def run_workload(
             live = [s for s in live if not s.session.closed]
             if not waiting and not live:
                 break
-            senders = []
+            senders: list[tuple[Session, InputFrame]] = []
             for s in live:
                 if s.done_sending:
                     continue
@@ -310,8 +332,13 @@ async def run_workload(
                     frame.outcome = "dropped"
                     s.answered += 1  # nothing will come back for it
                     continue
-                senders.append(s.session)
-            await _send_together(senders, spec.frame())
+                if load is None:
+                    senders.append((s.session, spec.frame()))
+                else:
+                    what = load(s.plan, frame.index)
+                    s.session.decode_tokens = what.decode
+                    senders.append((s.session, what.frame(spec.first_token)))
+            await _send_together(senders)
             stats = engine.stats()
             trace.limits.append((now, stats.limit, stats.sessions))
             if on_round is not None:
@@ -328,7 +355,7 @@ async def run_workload(
     return trace
 
 
-async def _send_together(sessions: list[Session], frame: InputFrame) -> None:
+async def _send_together(sends: list[tuple[Session, InputFrame]]) -> None:
     """Submit one frame per session before the engine's tick loop runs again.
 
     An engine whose next tick is overdue ticks at the first frame it sees; sends awaited one
@@ -336,7 +363,7 @@ async def _send_together(sessions: list[Session], frame: InputFrame) -> None:
     started together in one task group all submit in one pass of the event loop.
     """
     async with anyio.create_task_group() as tg:
-        for session in sessions:
+        for session, frame in sends:
             tg.start_soon(_send, session, frame)
 
 

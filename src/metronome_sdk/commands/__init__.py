@@ -5,6 +5,7 @@ from __future__ import annotations
 from ._base import Command
 from .bench_admit import BENCH_ADMIT
 from .bench_cliff import BENCH_CLIFF
+from .bench_forecast import BENCH_FORECAST
 from .bench_step import BENCH_STEP
 from .bench_sweep import BENCH_SWEEP
 from .demo import DEMO
@@ -25,6 +26,7 @@ COMMANDS: tuple[Command, ...] = (
     EVAL_VOICE,
     BENCH_STEP,
     BENCH_CLIFF,
+    BENCH_FORECAST,
     BENCH_SWEEP,
     BENCH_ADMIT,
 )

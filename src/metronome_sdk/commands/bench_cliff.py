@@ -1,12 +1,13 @@
-"""``metronome bench cliff``: how often the unbounded KV falls off the cliff, and when (t_sat)."""
+"""``metronome bench cliff``: how often the unbounded KV falls off the cliff, and what the t_sat gauge said."""
 
 from __future__ import annotations
 
 import argparse
 import time
+from typing import Any
 
 from ._base import Command, emit_json, print_table, progress_bar
-from ._bench_common import add_common, machine, save_report, setup_threads
+from ._bench_common import add_common, machine, positive_float, save_report, setup_threads
 
 
 def _add(p: argparse.ArgumentParser) -> None:
@@ -28,6 +29,7 @@ def _add(p: argparse.ArgumentParser) -> None:
         default=None,
         help="runs at once, one engine each (default 5; 1 with --silent, whose latencies must be the engine's)",
     )
+    p.add_argument("--alarm", type=positive_float, default=10.0, help="the alarm scored: t_sat under this many s")
     add_common(p)
 
 
@@ -38,8 +40,7 @@ def _run(args: argparse.Namespace) -> int:
     setup_threads(args)
     runs, scale = args.runs, args.time_scale
     if args.quick:
-        # a t_sat observed a few ticks after the prediction is off by a tick's share of it: eight
-        # runs keep the median from resting on two short ones (the silent runs only count frames)
+        # eight runs keep the gauge's median error from resting on two short ones (silent runs only count frames)
         runs = min(runs, 4 if args.silent else 8)
     config = CliffConfig(
         sessions=args.sessions,
@@ -49,6 +50,7 @@ def _run(args: argparse.Namespace) -> int:
         silent=args.silent,
         concurrency=args.concurrency or (5 if not args.silent else 2 if args.quick else 1),
         time_scale=scale,
+        alarm=args.alarm,
     )
     started = time.monotonic()
     with progress_bar(2 * runs, "bench cliff") as bar:
@@ -65,36 +67,23 @@ def _run(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(report)
         return 0
-    full, window = report["full"], report["window"]
+    full = report["full"]
     print_table(
-        ["policy", "runs", "collapsed", "t_sat median rel err", "peak occupancy"],
         [
-            ["full", full["runs"], full["collapsed"], full["t_sat_rel_err_median"], full["peak_occupancy_max"]],
-            [
-                "window",
-                window["runs"],
-                window["collapsed"],
-                window["t_sat_rel_err_median"],
-                window["peak_occupancy_max"],
-            ],
+            "policy",
+            "runs",
+            "collapsed",
+            "gauge rel err 1 s before (median)",
+            "alarm before collapse",
+            "false alarms",
+            "peak occupancy",
         ],
+        [_policy_row(kind, report[kind]) for kind in ("full", "window")],
     )
     print()
     print_table(
-        ["run", "predicted at s", "rho0", "N", "t_sat predicted s", "t_sat observed s", "rel err"],
-        [
-            [
-                r["run"],
-                r["predicted_at_s"],
-                r["predicted_rho0"],
-                r["predicted_sessions"],
-                r["t_sat_predicted_s"],
-                r["t_sat_observed_s"],
-                r["t_sat_rel_err"],
-            ]
-            for r in full["per_run"]
-            if r["collapsed"]
-        ],
+        ["run", "stalled at s", "gauge 1 s before", "left then s", "rel err", "alarm at s", "alarm lead s"],
+        [_run_row(r) for r in full["per_run"] if r["collapsed"]],
     )
     if args.silent:
         s = full["silent"]
@@ -107,6 +96,39 @@ def _run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _policy_row(kind: str, entry: dict[str, Any]) -> list[Any]:
+    f = entry["forecast"]
+    one = f["leads"].get(_first_lead(f["leads"]), {})
+    alarm = f["alarm"]
+    return [
+        kind,
+        entry["runs"],
+        entry["collapsed"],
+        one.get("rel_err_median"),
+        f"{alarm['fired_before_collapse']} / {alarm['collapses']}",
+        f"{alarm['false_alarm_runs']} / {alarm['runs_without_collapse']}",
+        entry["peak_occupancy_max"],
+    ]
+
+
+def _run_row(r: dict[str, Any]) -> list[Any]:
+    f = r["forecast"]
+    first = f["leads"][_first_lead(f["leads"])] or {}
+    return [
+        r["run"],
+        r["stalled_at_s"],
+        first.get("gauge_s"),
+        first.get("truth_s"),
+        first.get("rel_err"),
+        f["alarm"]["first_s"],
+        f["alarm"]["lead_s"],
+    ]
+
+
+def _first_lead(leads: dict[str, Any]) -> str:
+    return min(leads, key=float)
+
+
 BENCH_CLIFF = Command(
-    "bench", "cliff", "unbounded vs bounded KV: runs that stall, and the t_sat prediction", _add, _run
+    "bench", "cliff", "unbounded vs bounded KV: runs that stall, and what the t_sat gauge said before", _add, _run
 )
