@@ -44,11 +44,12 @@ def test_the_knee_search_ends_next_to_the_first_count_that_misses() -> None:
 
 def test_admit_demand_and_pool_sit_above_the_knee() -> None:
     config = AdmitConfig(pool_sessions=8, time_scale=0.3).sized_for(12)
-    assert config.pool_sessions == 24  # the memory guard's limit is twice the knee
+    assert config.pool_for("window") == 24 * config.session_bound  # the memory guard's limit is twice the knee
+    assert config.pool_for("full") == 8 * config.session_bound  # kv=full keeps the experiment's pool
     mean = sum(config.duration) / 2 * config.time_scale
     assert config.arrival_rate * mean >= 24  # about twice the knee open at once
-    assert config.pool_carries < 24  # kv=full still outgrows the pool
-    assert AdmitConfig().sized_for(3).pool_sessions == AdmitConfig().pool_sessions  # never smaller
+    assert config.pool_carries < 12  # kv=full outgrows its pool well below the knee
+    assert AdmitConfig().sized_for(3).pool_for("window") == AdmitConfig().pool_for("window")  # never smaller
 
 
 def test_small_search_measures_a_window_point_per_count() -> None:

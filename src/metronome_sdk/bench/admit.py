@@ -46,6 +46,7 @@ class AdmitConfig(StreamExperiment):
     sinks: int = 4
     block_size: int = 16
     pool_sessions: int = 40  # the pool holds this many sessions at the window's bound
+    window_pool_sessions: int | None = None  # the window policy's pool, when larger (sized_for)
     run_seconds: float = 75.0  # before time_scale
     arrival_rate: float = 1.0  # sessions per second
     duration: tuple[float, float] = (30.0, 60.0)  # seconds, before time_scale
@@ -72,16 +73,21 @@ class AdmitConfig(StreamExperiment):
         """Demand and pool that let latency, not memory or a lack of callers, set the window's cap.
 
         Sessions arrive fast enough that about twice ``n_sched`` are open at once (the controller
-        grows its cap only under demand), and the pool holds twice ``n_sched`` at the window's
-        bound (the memory guard's limit sits above the knee). ``kv=full`` sessions outgrow that
-        bound several times over, so the full policy's pool still fills.
+        grows its cap only under demand), and the window policy's pool holds twice ``n_sched`` at
+        the window's bound (its memory guard's limit sits above the knee). The full policy keeps
+        the experiment's pool (``pool_sessions``), which its sessions outgrow: the wall it meets.
         """
         mean = sum(self.duration) / 2 * self.time_scale
         return replace(
             self,
-            pool_sessions=max(self.pool_sessions, 2 * n_sched),
+            window_pool_sessions=max(self.pool_sessions, 2 * n_sched),
             arrival_rate=max(self.arrival_rate, 2 * n_sched / mean),
         )
+
+    def pool_for(self, kind: Policy) -> int:
+        """Blocks of the pool a run of policy ``kind`` gets."""
+        sessions = self.window_pool_sessions if kind == "window" and self.window_pool_sessions else self.pool_sessions
+        return sessions * self.session_bound
 
     @property
     def spec(self) -> StreamSpec:
@@ -151,7 +157,7 @@ async def _one(
     core = EngineCore(
         model,
         policy=config.policy(kind),
-        num_blocks=config.pool_blocks,
+        num_blocks=config.pool_for(kind),
         block_size=config.block_size,
         kernels=config.kernels,
     )
@@ -255,8 +261,8 @@ def summarize(config: AdmitConfig, runs: list[AdmitRun], n_sched: int, sweep: di
         "window": config.window,
         "sinks": config.sinks,
         "block_size": config.block_size,
-        "pool_blocks": config.pool_blocks,
-        "memory_guard_limit": config.pool_sessions,
+        "pool_blocks": {"window": config.pool_for("window"), "full": config.pool_for("full")},
+        "memory_guard_limit": config.window_pool_sessions or config.pool_sessions,  # the window run's
         "run_seconds": config.run_seconds * config.time_scale,
         "arrival_rate_per_s": round(config.arrival_rate, 3),
         "duration_s": [d * config.time_scale for d in config.duration],
