@@ -144,3 +144,17 @@ def test_the_graph_sees_the_imports_it_checks() -> None:
     assert "metronome_sdk._engine" in edges["metronome_sdk._session"]
     assert "metronome_sdk._session" not in edges["metronome_sdk._engine"]  # only inside Engine.session()
     assert "metronome_sdk._session" in graph(import_time_only=False)["metronome_sdk._engine"]
+
+
+def test_a_module_past_about_400_lines_says_why() -> None:
+    """Issue #20: no SDK module over ~400 lines without a stated reason (in its docstring)."""
+    long = {}
+    for name, path in modules().items():
+        if not name.startswith("metronome_sdk"):
+            continue
+        text = path.read_text(encoding="utf-8")
+        if text.count("\n") > 430:
+            doc = ast.get_docstring(ast.parse(text)) or ""
+            if "past 400 lines" not in doc:
+                long[name] = text.count("\n")
+    assert not long, f"modules past ~400 lines that do not say why (split them, or say why): {long}"

@@ -9,6 +9,9 @@ Full context is the model's trained length at most: up to it the cache holds eve
 past it no cache can be full without positions the model never saw, so the full row goes on
 as a cache of that length (4 sinks + the most recent tokens), which equals full context
 before the limit. Positions are in-cache (StreamingLLM) under every policy.
+
+Why this module is past 400 lines: the report (``QualityReport``: the paired tests, the
+verdicts and the tables) is most of it, and it reads every field of the runs defined here.
 """
 
 from __future__ import annotations

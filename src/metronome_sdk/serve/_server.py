@@ -15,6 +15,11 @@ stream; ``CacheExhausted`` is 400 with ``x-should-retry: false``. Bad input is 4
 ``DELETE /v1/sessions/{key}`` closes a named session at once (the call ended); one
 idle for ``idle_timeout`` closes by itself. ``GET /metrics`` (Prometheus: the engine's
 and the server's), ``GET /healthz``.
+
+Why this module is past 400 lines: it is one HTTP API, whose routes share one session
+registry, one set of refusal rules and one writer for streamed and whole replies; the
+parts that stand alone are elsewhere (the wire format ``_openai.py``, the registry
+``_sessions.py``, the settings ``_config.py``, the error table ``integrations/_errors.py``).
 """
 
 from __future__ import annotations

@@ -10,9 +10,10 @@ from .._extras import require as _require
 _require("aiortc", extra="webrtc", feature="metronome_sdk.webrtc (the WebRTC transport, metronome demo)")
 
 # after the check, so that a missing extra says so first
+from ._config import DEFAULT_PROMPT, ServerConfig  # noqa: E402
 from ._demo import demo_engine  # noqa: E402
 from ._peer import WebRTCPeer  # noqa: E402
-from ._server import DEFAULT_PROMPT, PeerHandler, ServerConfig, WebRTCServer  # noqa: E402
+from ._server import PeerHandler, WebRTCServer  # noqa: E402
 from ._tracks import ReplyAudioTrack  # noqa: E402
 
 __all__ = [

@@ -16,7 +16,6 @@ import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from importlib import resources
 from types import TracebackType
 from typing import Any
@@ -34,6 +33,7 @@ from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
 from ..voice._vad import VoiceActivityDetector, default_turn_detector
 from ..voice._whisper import WhisperSTT
+from ._config import ServerConfig
 from ._peer import WebRTCPeer
 
 __all__ = ["PeerHandler", "ServerConfig", "WebRTCServer"]
@@ -42,84 +42,6 @@ PeerHandler = Callable[[Session, Transport], Awaitable[None]]
 
 # the default agent hears the microphone in 20 ms frames: a barge-in is heard a frame after it is spoken
 _AGENT_FRAME_SECONDS = 0.02
-
-
-DEFAULT_PROMPT = "You are a friendly voice assistant. Answer in one or two short sentences."
-
-
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ServerConfig:
-    """Where and how the signaling server listens, and what it accepts.
-
-    It binds ``127.0.0.1`` unless told otherwise. ``token``: when set, ``POST /offer``
-    needs ``Authorization: Bearer <token>`` (compared in constant time). ``max_body``
-    caps a request body (bytes; an SDP offer is a few KiB); ``max_peers`` caps the peers
-    connected at once, whatever admission would allow; ``busy_retry_after`` is the
-    ``Retry-After`` sent when that cap is hit. ``media_timeout``: a peer that sends no
-    audio for that long has vanished, and its session is closed. ``max_buffered``: a peer
-    that leaves more than that many bytes of events unread is shed (``SessionBroken``,
-    ``reason="slow_consumer"``). ``offers_per_client`` offers per ``offer_window`` seconds
-    are taken from one client address (every ``POST /offer`` counts, refused or not, so a
-    token cannot be guessed quickly); more get 429 with ``Retry-After``.
-    ``allow_origins``: the web origins (``"https://app.example"``) whose pages may call
-    the server cross-origin; none by default, so browsers refuse cross-origin calls.
-    ``max_reply_tokens`` bounds each answer of the default voice agent; ``decode_tokens`` is
-    how many tokens each of its sessions' output frames may carry (``Session.decode_tokens``):
-    4 by default, so a first sentence of 12 tokens can be whole in three ticks, not twelve,
-    where the tick's token budget has room (the engine decides, and AIMD sees the cost).
-    """
-
-    host: str = "127.0.0.1"
-    port: int = 8080
-    token: str | None = field(default=None, repr=False)
-    max_peers: int = 8
-    max_body: int = 64 << 10
-    busy_retry_after: float = 5.0
-    media_timeout: float = 10.0
-    max_buffered: int = 256 << 10
-    offers_per_client: int = 20
-    offer_window: float = 60.0
-    allow_origins: tuple[str, ...] = ()
-    system_prompt: str | None = DEFAULT_PROMPT
-    max_reply_tokens: int = 48
-    decode_tokens: int = 4
-    demo_page: bool = True
-
-    def __post_init__(self) -> None:
-        if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be an int in [0, 65535], got {self.port!r}; 0 picks a free port")
-        if self.token is not None and (not isinstance(self.token, str) or len(self.token) < 8):
-            raise ValueError("token must be a str of at least 8 characters (or None for no token)")
-        if isinstance(self.max_peers, bool) or not isinstance(self.max_peers, int) or self.max_peers < 1:
-            raise ValueError(f"max_peers must be an int >= 1, got {self.max_peers!r}; try 8")
-        if isinstance(self.max_body, bool) or not isinstance(self.max_body, int) or self.max_body < 1024:
-            raise ValueError(f"max_body must be an int >= 1024 bytes, got {self.max_body!r}; try 65536")
-        if isinstance(self.decode_tokens, bool) or not isinstance(self.decode_tokens, int) or self.decode_tokens < 1:
-            raise ValueError(f"decode_tokens must be an int >= 1, got {self.decode_tokens!r}; try 4")
-        for name in ("max_buffered", "offers_per_client"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not isinstance(self.allow_origins, tuple) or not all(
-            isinstance(o, str) and o.startswith(("http://", "https://")) and o.count("/") == 2
-            for o in self.allow_origins
-        ):
-            raise ValueError(
-                f"allow_origins must be a tuple of origins like 'https://app.example' (no '*', no path), "
-                f"got {self.allow_origins!r}"
-            )
-        for name in ("busy_retry_after", "media_timeout", "offer_window"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:
-                raise ValueError(f"{name} must be a finite number > 0 (seconds), got {value!r}")
-
-    def __repr__(self) -> str:
-        token = "set" if self.token else "none"
-        return (
-            f"ServerConfig(host={self.host!r}, port={self.port}, token={token}, max_peers={self.max_peers}, "
-            f"max_body={self.max_body}, offers_per_client={self.offers_per_client}/{self.offer_window:g}s, "
-            f"allow_origins={self.allow_origins!r})"
-        )
 
 
 def _refuse(status: int, error: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
