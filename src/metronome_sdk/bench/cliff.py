@@ -14,6 +14,7 @@ the short leads have scores; ``bench forecast`` runs the long ones, on traffic t
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import statistics
@@ -21,8 +22,6 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
-
-import anyio
 
 from metronome_engine import EngineCore
 from metronome_engine.model import LlamaModel
@@ -38,6 +37,7 @@ from .workload import (
     WorkloadTrace,
     bench_model,
     plan_sessions,
+    run_concurrently,
     run_workload,
 )
 
@@ -207,24 +207,12 @@ def _summarize_run(config: CliffConfig, kind: Policy, run: int, trace: WorkloadT
 def run_cliff(config: CliffConfig, *, on_run: Callable[[CliffRun], None] | None = None) -> list[CliffRun]:
     """Every run under both policies, ``config.concurrency`` engines at a time."""
     model = bench_model(config.model)
-    results: list[CliffRun] = []
-
-    async def main() -> None:
-        limiter = anyio.CapacityLimiter(config.concurrency)
-
-        async def one(kind: Policy, run: int) -> None:
-            async with limiter:
-                result = await _one_run(config, model, kind, run)
-            results.append(result)
-            if on_run is not None:
-                on_run(result)
-
-        async with anyio.create_task_group() as tg:
-            for run in range(config.runs):
-                for kind in ("full", "window"):
-                    tg.start_soon(one, kind, run)
-
-    anyio.run(main)
+    runs = [
+        functools.partial(_one_run, config, model, kind, run)
+        for run in range(config.runs)
+        for kind in ("full", "window")
+    ]
+    results = run_concurrently(runs, concurrency=config.concurrency, on_run=on_run)
     return sorted(results, key=lambda r: (r.policy, r.run))
 
 

@@ -19,6 +19,7 @@ windows, to show how the error depends on the window.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -32,7 +33,16 @@ from metronome_sdk import AdmissionConfig, Engine, TimingConfig
 
 from .forecast import ALARM_S, LEADS, ForecastScore, GaugePoint, gauge_series, replay, score, summarize_scores
 from .traffic import TalkMix, talks
-from .workload import Policy, StreamExperiment, StreamSpec, WorkloadTrace, bench_model, plan_sessions, run_workload
+from .workload import (
+    Policy,
+    StreamExperiment,
+    StreamSpec,
+    WorkloadTrace,
+    bench_model,
+    plan_sessions,
+    run_concurrently,
+    run_workload,
+)
 
 __all__ = ["Family", "ForecastConfig", "ForecastRun", "WINDOWS", "run_forecast", "summarize_forecast"]
 
@@ -214,24 +224,12 @@ def _max_diff(a: list[GaugePoint], b: list[GaugePoint]) -> float:
 def run_forecast(config: ForecastConfig, *, on_run: Callable[[ForecastRun], None] | None = None) -> list[ForecastRun]:
     """Every run of every family, ``config.concurrency`` engines at a time."""
     model = bench_model(config.model)
-    results: list[ForecastRun] = []
-
-    async def main() -> None:
-        limiter = anyio.CapacityLimiter(config.concurrency)
-
-        async def one(family: Family, run: int) -> None:
-            async with limiter:
-                result = await _one_run(config, model, family, run)
-            results.append(result)
-            if on_run is not None:
-                on_run(result)
-
-        async with anyio.create_task_group() as tg:
-            for run in range(config.runs):
-                for family in config.families:
-                    tg.start_soon(one, family, run)
-
-    anyio.run(main)
+    runs = [
+        functools.partial(_one_run, config, model, family, run)
+        for run in range(config.runs)
+        for family in config.families
+    ]
+    results = run_concurrently(runs, concurrency=config.concurrency, on_run=on_run)
     return sorted(results, key=lambda r: (FAMILIES.index(r.family), r.run))
 
 
