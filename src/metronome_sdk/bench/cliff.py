@@ -28,7 +28,18 @@ from metronome_engine.model import LlamaModel
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
 
 from .._admission import percentile
-from .forecast import ALARM_S, LEADS, ForecastScore, GaugePoint, gauge_series, score, summarize_scores
+from .concurrent import run_concurrently
+from .forecast import (
+    ALARM_S,
+    GAUGE_COLUMNS,
+    LEADS,
+    ForecastScore,
+    GaugePoint,
+    gauge_rows,
+    gauge_series,
+    score,
+    summarize_scores,
+)
 from .silent import SilentBackend
 from .workload import (
     Policy,
@@ -37,7 +48,6 @@ from .workload import (
     WorkloadTrace,
     bench_model,
     plan_sessions,
-    run_concurrently,
     run_workload,
 )
 
@@ -122,16 +132,8 @@ class CliffRun:
             "stalled_at_s": None if self.stalled_at is None else round(self.stalled_at, 4),
             "forecast": self.forecast.as_dict(),
             "gauge": {
-                "columns": ["t_s", "t_sat_s", "sessions", "occupancy"],
-                "points": [
-                    [
-                        round(p.time, 3),
-                        None if p.t_sat is None else round(p.t_sat, 3),
-                        p.sessions,
-                        round(p.occupancy, 4),
-                    ]
-                    for p in self.gauge
-                ],
+                "columns": GAUGE_COLUMNS,
+                "points": gauge_rows(self.gauge),
             },
             "dashboard_p50_ms": self.dashboard_p50_ms,
             "dashboard_p99_ms": self.dashboard_p99_ms,

@@ -29,6 +29,8 @@ from .._growth import GrowthRate
 from .._growth import t_sat as saturation_time
 
 __all__ = [
+    "GAUGE_COLUMNS",
+    "gauge_rows",
     "ALARM_S",
     "LEADS",
     "Alarm",
@@ -74,6 +76,17 @@ class GaugePoint:
 def gauge_series(ticks: Iterable[TickLike], start: float) -> list[GaugePoint]:
     """The gauge as the engine published it, tick by tick, with times relative to ``start``."""
     return [GaugePoint(t.time - start, t.t_sat, t.sessions, t.used_blocks / t.pool_blocks) for t in ticks]
+
+
+GAUGE_COLUMNS = ["t_s", "t_sat_s", "sessions", "occupancy"]
+
+
+def gauge_rows(series: Sequence[GaugePoint]) -> list[list[float | int | None]]:
+    """The series as JSON rows, one per point, in the order of ``GAUGE_COLUMNS``."""
+    return [
+        [round(p.time, 3), None if p.t_sat is None else round(p.t_sat, 3), p.sessions, round(p.occupancy, 4)]
+        for p in series
+    ]
 
 
 def replay(ticks: Sequence[TickLike], start: float, *, window: float, bounded: bool = False) -> list[GaugePoint]:

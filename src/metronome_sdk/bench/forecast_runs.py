@@ -31,7 +31,19 @@ from metronome_engine import EngineCore
 from metronome_engine.model import LlamaModel
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
 
-from .forecast import ALARM_S, LEADS, ForecastScore, GaugePoint, gauge_series, replay, score, summarize_scores
+from .concurrent import run_concurrently
+from .forecast import (
+    ALARM_S,
+    GAUGE_COLUMNS,
+    LEADS,
+    ForecastScore,
+    GaugePoint,
+    gauge_rows,
+    gauge_series,
+    replay,
+    score,
+    summarize_scores,
+)
 from .traffic import TalkMix, talks
 from .workload import (
     Policy,
@@ -40,7 +52,6 @@ from .workload import (
     WorkloadTrace,
     bench_model,
     plan_sessions,
-    run_concurrently,
     run_workload,
 )
 
@@ -130,16 +141,8 @@ class ForecastRun:
             "replay_max_diff_s": round(self.replay_max_diff, 9),
             "gauge": {
                 "every_ticks": every,
-                "columns": ["t_s", "t_sat_s", "sessions", "occupancy"],
-                "points": [
-                    [
-                        round(p.time, 3),
-                        None if p.t_sat is None else round(p.t_sat, 3),
-                        p.sessions,
-                        round(p.occupancy, 4),
-                    ]
-                    for p in self.series[::every]
-                ],
+                "columns": GAUGE_COLUMNS,
+                "points": gauge_rows(self.series[::every]),
             },
         }
 

@@ -16,9 +16,9 @@ from __future__ import annotations
 import contextlib
 import random
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal, TypeVar
+from typing import Literal
 
 import anyio
 import torch
@@ -212,36 +212,6 @@ class _Live:
     frames: list[FrameRecord] = field(default_factory=list)
     answered: int = 0
     done_sending: bool = False
-
-
-_Run = TypeVar("_Run")
-
-
-def run_concurrently(
-    runs: Sequence[Callable[[], Awaitable[_Run]]],
-    *,
-    concurrency: int,
-    on_run: Callable[[_Run], None] | None = None,
-) -> list[_Run]:
-    """Every run, ``concurrency`` engines at a time, each handed to ``on_run`` as it ends (in that order)."""
-    results: list[_Run] = []
-
-    async def main() -> None:
-        limiter = anyio.CapacityLimiter(concurrency)
-
-        async def one(run: Callable[[], Awaitable[_Run]]) -> None:
-            async with limiter:
-                result = await run()
-            results.append(result)
-            if on_run is not None:
-                on_run(result)
-
-        async with anyio.create_task_group() as tg:
-            for run in runs:
-                tg.start_soon(one, run)
-
-    anyio.run(main)
-    return results
 
 
 def small_model(seed: int = 0) -> LlamaModel:
