@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from .batch_view import HOLE
@@ -180,6 +181,8 @@ class AttentionBatch:
         # strided views, no copy: each row's first ``cols`` columns
         keys = k_view.view(kvh, b, self.row_cols, hd)[:, :, :cols]
         values = v_view.view(kvh, b, self.row_cols, hd)[:, :, :cols]
+        if q_sink is None or not self.sink_cols:
+            return self._attend_fused(q, keys, values)
         scores = torch.matmul(self._to_heads(q), keys.transpose(-1, -2))
         if q_sink is not None and self.sink_cols:
             s = self.sink_cols
@@ -192,6 +195,30 @@ class AttentionBatch:
         probs = torch.softmax(scores, dim=-1)
         out = torch.matmul(probs, values)  # [kvh, B, C*g, hd]
         out = out.view(kvh, b, c, g, hd).permute(1, 2, 0, 3, 4).reshape(b * c, kvh * g * hd)
+        if self.q_index is not None:
+            out = out.index_select(0, self.q_index)
+        return out
+
+    def _attend_fused(self, q: Tensor, keys: Tensor, values: Tensor) -> Tensor:
+        """``attend`` where every column is scored with the one query (no pinned column needs
+        its in-cache query): torch's fused attention (SDPA, a flash kernel on the CPU), which
+        never writes the ``[C * g, cols]`` scores out as the matmul path does, reading the
+        view's strided rows in place and each kv head once for its query heads (GQA)."""
+        b, c = self.num_seqs, self.max_chunk
+        if self.q_index is not None:
+            padded = q.new_zeros((b * c, *q.shape[1:]))
+            padded.index_copy_(0, self.q_index, q)
+            q = padded
+        heads = q.view(b, c, q.shape[1], q.shape[2]).transpose(1, 2)  # [B, H, C, hd]
+        out = F.scaled_dot_product_attention(
+            heads,
+            keys.transpose(0, 1),  # [B, kvh, cols, hd]
+            values.transpose(0, 1),
+            attn_mask=self.mask.view(b, 1, c, self.max_cols),
+            scale=self.scale,
+            enable_gqa=self.group_size > 1,
+        )
+        out = out.transpose(1, 2).reshape(b * c, -1)  # [B * C, H * hd]
         if self.q_index is not None:
             out = out.index_select(0, self.q_index)
         return out
