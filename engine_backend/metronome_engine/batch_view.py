@@ -33,6 +33,8 @@ class BatchView:
         self.rows: list[list[tuple[int, int]]] = []  # (logical, physical) per view block
         self.k: Tensor = torch.empty(0)
         self.v: Tensor = torch.empty(0)
+        self._k_store: Tensor = torch.empty(0)  # flat storage that k and v view, grown, never shrunk
+        self._v_store: Tensor = torch.empty(0)
 
     def prepare(self, cache: KVCache, seqs: Sequence[SequenceKV]) -> list[list[int]]:
         """Bring the view up to date for a step; return each row's logical block ids.
@@ -53,16 +55,22 @@ class BatchView:
         return [[lb for lb, _ in row] for row in self.rows]
 
     def invalidate(self) -> None:
-        """Forget every row (a step failed half-way: the view may hold unwritten tokens)."""
+        """Forget every row (the pool changed under the view): the next step copies them again."""
         self.key = ()
 
     def _reset(self, cache: KVCache, key: tuple[int, ...], capacity: int) -> None:
         layers, kvh, _, hd = cache.k.shape
         shape = (layers, kvh, len(key), capacity * cache.block_size, hd)
-        if tuple(self.k.shape) != shape:
+        size = layers * kvh * len(key) * capacity * cache.block_size * hd
+        if self._k_store.numel() < size:
             # zeros, not garbage: masked columns still enter the matmuls, and 0 * NaN is NaN
-            self.k = cache.k.new_zeros(shape)
-            self.v = cache.v.new_zeros(shape)
+            self._k_store = cache.k.new_zeros(size)
+            self._v_store = cache.v.new_zeros(size)
+        # a smaller or equal shape reuses the storage, whose stale columns hold zeros or K/V
+        # of earlier rows (finite: a step with non-finite K/V gets a new view): allocating
+        # and zeroing megabytes each time a batch changes cost more than copying its rows
+        self.k = self._k_store[:size].view(shape)
+        self.v = self._v_store[:size].view(shape)
         self.key, self.capacity = key, capacity
         self.rows = [[] for _ in key]
 

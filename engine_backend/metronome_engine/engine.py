@@ -336,7 +336,7 @@ class EngineCore:
             try:
                 self._run(chunks, served, outputs)
             except BaseException:
-                self.view.invalidate()
+                self.view = BatchView()  # not only forgotten: its storage may hold this step's K/V
                 for ch in chunks:
                     ch.seq.rollback()
                 raise

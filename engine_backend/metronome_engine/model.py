@@ -230,9 +230,13 @@ class LlamaModel(nn.Module):
             if layer.q_norm is not None and layer.k_norm is not None:
                 q = _rms_norm(q, layer.q_norm, c.rms_norm_eps)
                 k = _rms_norm(k, layer.k_norm, c.rms_norm_eps)
-            q_stream = apply_rope(q, cos, sin)
+                q_stream, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+            else:  # q and k side by side in qkv's rows: one rotation for both (half the small ops)
+                qk = apply_rope(
+                    qkv[:, : layer.q_out + layer.kv_out].view(-1, c.num_heads + c.num_kv_heads, c.head_dim), cos, sin
+                )
+                q_stream, k = qk[:, : c.num_heads], qk[:, c.num_heads :]
             q_sink = apply_rope(q, *sink_rope) if sink_rope is not None else None
-            k = apply_rope(k, cos, sin)
             # this step's K/V go to the pool (the truth) and to the batch view (what attention
             # reads), before attention, so each token sees itself
             k_t, v_t = k.transpose(0, 1), v.transpose(0, 1)
@@ -247,7 +251,7 @@ class LlamaModel(nn.Module):
                 x = x + layer.o_bias
             h = _rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gate, up = torch.mm(h, layer.gate_up).chunk(2, dim=-1)
-            x = x + torch.mm(F.silu(gate) * up, layer.down_proj)
+            x = x + torch.mm(F.silu(gate).mul_(up), layer.down_proj)
         x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
         return _rms_norm(x, self.norm, c.rms_norm_eps)
 
@@ -494,4 +498,5 @@ _EMPTY = torch.empty(0)
 
 
 def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + eps) * weight
+    # torch's own kernel: HF's formula (x * rsqrt(mean(x^2) + eps) * weight) in one pass, not five
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
