@@ -227,6 +227,7 @@ def test_the_step_rows_carry_the_anchors_and_the_ratios_against_them() -> None:
 def test_the_anchor_flags_and_their_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(anchors_mod.LLAMA_BENCH_ENV, raising=False)
     monkeypatch.delenv(anchors_mod.VLLM_PYTHON_ENV, raising=False)
+    monkeypatch.delenv("METRONOME_LLAMA_ARGS", raising=False)
     args = build_parser().parse_args(["bench", "step"])
     assert args.llama_bench is None and args.vllm_python is None and not args.no_vllm and args.llama_args == ""
     monkeypatch.setenv(anchors_mod.LLAMA_BENCH_ENV, "/opt/llama-batched-bench")
@@ -234,6 +235,8 @@ def test_the_anchor_flags_and_their_environment_defaults(monkeypatch: pytest.Mon
     args = build_parser().parse_args(["bench", "step", "--llama-args=--no-repack", "--no-vllm"])
     assert args.llama_bench == "/opt/llama-batched-bench" and args.vllm_python == "/opt/venv/bin/python"
     assert args.llama_args == "--no-repack" and args.no_vllm
+    monkeypatch.setenv("METRONOME_LLAMA_ARGS", "--no-repack --poll 0")
+    assert build_parser().parse_args(["bench", "step"]).llama_args == "--no-repack --poll 0"
     args = build_parser().parse_args(["bench", "step", "--llama-bench", "/x/bench", "--vllm-python", "/y/python"])
     assert args.llama_bench == "/x/bench" and args.vllm_python == "/y/python"
 
