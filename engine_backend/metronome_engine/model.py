@@ -246,12 +246,12 @@ class LlamaModel(nn.Module):
             k_view.index_copy_(1, batch.view_mapping, k_t)
             v_view.index_copy_(1, batch.view_mapping, v_t)
             attn = batch.attend(q_stream, q_sink, k_view, v_view)
-            x = torch.addmm(x, attn, layer.o_proj)  # the residual added inside the GEMM, as the fused path does
+            x = x + torch.mm(attn, layer.o_proj)
             if layer.o_bias is not None:
                 x = x + layer.o_bias
             h = _rms_norm(x, layer.post_norm, c.rms_norm_eps)
             gate, up = torch.mm(h, layer.gate_up).chunk(2, dim=-1)
-            x = torch.addmm(x, F.silu(gate).mul_(up), layer.down_proj)
+            x = x + torch.mm(F.silu(gate).mul_(up), layer.down_proj)
         x = x[tokens.logit_rows] if tokens.logit_rows is not None else x
         return _rms_norm(x, self.norm, c.rms_norm_eps)
 
