@@ -28,6 +28,7 @@ from metronome_engine.vllm_backend.attention import (
     token_requests,
     write_kv,
 )
+from metronome_engine.vllm_backend import native
 from metronome_engine.vllm_backend.attn_backend import SinkWindowTorchMetadata, _merge_sinks
 from metronome_engine.vllm_backend.positions import gap_blocks, in_cache_positions
 
@@ -124,7 +125,7 @@ class _Impl:
         self.window, self.sink_tokens, self.scale = window, sinks, 1.0 / math.sqrt(HEAD)
 
 
-@pytest.mark.parametrize("scheme", ["one pass", "two passes"])
+@pytest.mark.parametrize("scheme", ["kernel", "one pass", "two passes"])
 @pytest.mark.parametrize("layout", list(LAYOUTS), ids=list(LAYOUTS))
 @pytest.mark.parametrize(("window", "sinks", "block_size"), [(8, 4, 4), (24, 4, 8), (24, 0, 8), (13, 1, 4), (16, 7, 4)])
 def test_batched_attention_equals_dense_reference(
@@ -154,7 +155,15 @@ def test_batched_attention_equals_dense_reference(
         dtype=torch.float32,
     )
     scale = 1.0 / math.sqrt(HEAD)
-    if one_pass:  # the sinks relocated per query with the same RoPE the keys were cached with
+    if scheme == "kernel":  # the CPU kernel: the cache read in place, each query given at both rotations
+        assert native.available(), "the sinks + window CPU kernel did not build"
+        got = torch.full((n, HEADS, HEAD), float("nan"))
+        table = step["table"]
+        assert isinstance(table, Tensor)
+        native.sink_window_attention(
+            q, q if q_sink is None else q_sink, cache, table, qsl, seq_lens, got, window=window, sinks=sinks, scale=scale
+        )
+    elif one_pass:  # the sinks relocated per query with the same RoPE the keys were cached with
         got, _ = sink_window_attention(q, cache, tiles, scale=scale, rotate=lambda at, x: rope(x, at))
     else:
         md = SinkWindowTorchMetadata(n, qsl, seq_lens, step["table"], step["slots"], tiles)  # type: ignore[arg-type]

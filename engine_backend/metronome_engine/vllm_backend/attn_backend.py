@@ -4,7 +4,8 @@ The layers call vLLM's ``unified_attention_with_output`` custom op like any atte
 so vLLM's compilation and CUDA graphs treat them as it treats its own; the op calls the
 ``forward`` of the backend's implementation below. Two backends, one scheme (``attention.py``):
 
-- ``SinkWindowTorchBackend`` (any device; the CPU's): one fused pass
+- ``SinkWindowTorchBackend`` (any device; on CPU where ``cpu_backend``'s C++ kernel does not
+  serve the layer: not float32, or no compiler): one fused pass
   (``attention.sink_window_attention``): each tile of queries gathers its sink blocks and
   window span once, relocates the sinks per query row with the model's RoPE (so the query
   rotated at its stream index scores them as at its in-cache position), and runs torch's
@@ -300,12 +301,18 @@ def SinkWindowFlashBackend() -> type[AttentionBackend]:
     return _flash
 
 
-def select_backend() -> type[AttentionBackend]:
-    """FlashAttention's kernel for the window on CUDA, the torch window pass elsewhere."""
+def select_backend(head_size: int, dtype: torch.dtype, kv_cache_dtype: str) -> type[AttentionBackend]:
+    """FlashAttention's kernel for the window on CUDA; on CPU the C++ kernel reading the cache in
+    place where it serves the layer (float32, see ``cpu_backend``); the torch pass elsewhere."""
     from vllm.platforms import current_platform
 
     if current_platform.is_cuda():
         return SinkWindowFlashBackend()
+    if current_platform.is_cpu():
+        from .cpu_backend import SinkWindowCpuBackend, usable
+
+        if usable(head_size, dtype, kv_cache_dtype):
+            return SinkWindowCpuBackend
     return SinkWindowTorchBackend
 
 
@@ -315,6 +322,7 @@ def register_backends() -> None:
 
     for name, path in (
         (TORCH_BACKEND_NAME, f"{__name__}.SinkWindowTorchBackend"),
+        ("METRONOME_SINK_WINDOW_CPU", f"{__package__}.cpu_backend.SinkWindowCpuBackend"),
         (FLASH_BACKEND_NAME, f"{__name__}._flash_backend_class"),
     ):
         if name not in AttentionBackendEnum.__members__:

@@ -58,9 +58,12 @@ class SinkWindowAttention(Attention):  # type: ignore[misc]
     """
 
     def __init__(self, *args: Any, window: int, sinks: int, **kwargs: Any) -> None:
-        super().__init__(
-            *args, per_layer_sliding_window=window, attn_backend=select_backend(), sink_tokens=sinks, **kwargs
-        )
+        from vllm.config import get_current_vllm_config
+
+        config = get_current_vllm_config()
+        head_size = args[1] if len(args) > 1 else kwargs["head_size"]
+        backend = select_backend(head_size, config.model_config.dtype, config.cache_config.cache_dtype)
+        super().__init__(*args, per_layer_sliding_window=window, attn_backend=backend, sink_tokens=sinks, **kwargs)
         self.window = window
         self.sinks = sinks
 
@@ -99,8 +102,9 @@ class SinkWindowRope(nn.Module):
             q, k = self.rope(positions, query, key)
             return q, k
         at = in_cache_positions(positions, window=self.window, sinks=self.sinks)
-        # rotary embedding works in place on CPU: rotate a copy
-        q_sink, _ = self.rope(at, query.clone(), None)
+        # rotary embedding works in place on CPU: rotate a copy (with a copy of the key: vLLM's
+        # CPU rotary kernel crashed on a query of a few rows and no key)
+        q_sink, _ = self.rope(at, query.clone(), key.clone())
         q, k = self.rope(positions, query.contiguous(), key.contiguous())
         return torch.cat((q, q_sink), dim=-1), k
 

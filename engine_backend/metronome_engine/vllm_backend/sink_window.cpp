@@ -1,0 +1,338 @@
+// Sinks + window attention read in place from vLLM's paged KV cache (CPU, float32).
+// attention.py's torch pass and the tests' dense reference are what this kernel is held to.
+//
+// Why: the torch pass copies each tile's sink and window blocks out of the cache and
+// relocates the sinks before torch's attention kernel; vLLM's own CPU kernel reads the
+// cache where it is. This one does too: per (request, kv head), block by block, the
+// sinks scored with the query at its in-cache position and the window with the query
+// at its stream index, one online softmax over both (no second pass, no merge).
+//
+// The cache is vLLM's logical per-layer view [blocks, kv_heads, block_size, 2 * d]
+// (K then V on the last axis) with whatever strides its physical layout gives (NHD or
+// HND): every read goes through the view's strides.
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+// 16 floats: GCC lowers these to the machine's vector unit (one AVX-512 register, two
+// AVX2 ones). aligned(4): loads from any float address.
+typedef float vf __attribute__((vector_size(64), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(64), aligned(4)));
+constexpr int kLanes = 16;
+constexpr float kNegInf = -std::numeric_limits<float>::infinity();
+
+inline vf vload(const float* p) {
+  vf v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+inline vf vsplat(float x) { return vf{} + x; }
+
+inline float vmax(vf v) {
+  float m = v[0];
+  for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
+  return m;
+}
+
+inline float vsum(vf v) {
+  float s = 0.f;
+  for (int i = 0; i < kLanes; ++i) s += v[i];
+  return s;
+}
+
+// exp on 16 lanes (std::exp does not vectorize without -ffast-math): a degree-6
+// polynomial after range reduction by ln 2, relative error about 2e-7.
+inline vf vexp(vf x) {
+  x = x < -87.0f ? vsplat(-87.0f) : x;
+  x = x > 88.0f ? vsplat(88.0f) : x;
+  const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
+  const vf r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
+  vf p = vsplat(1.9875691500e-4f);
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
+  vf scale;
+  std::memcpy(&scale, &bits, sizeof(scale));
+  return p * scale;
+}
+
+// Lane j of the result is the sum of the lanes of v[j]: sixteen dot products reduced
+// together in four rounds of pairwise shuffles, not sixteen horizontal sums.
+inline vf lane_sums(vf* v) {
+  const vi lo8 = {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23};
+  const vi hi8 = {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31};
+  const vi lo4 = {0, 1, 2, 3, 8, 9, 10, 11, 16, 17, 18, 19, 24, 25, 26, 27};
+  const vi hi4 = {4, 5, 6, 7, 12, 13, 14, 15, 20, 21, 22, 23, 28, 29, 30, 31};
+  const vi lo2 = {0, 1, 4, 5, 8, 9, 12, 13, 16, 17, 20, 21, 24, 25, 28, 29};
+  const vi hi2 = {2, 3, 6, 7, 10, 11, 14, 15, 18, 19, 22, 23, 26, 27, 30, 31};
+  const vi lo1 = {0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30};
+  const vi hi1 = {1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31};
+  vf a[8], b[4], c[2];
+  for (int i = 0; i < 8; ++i) a[i] = __builtin_shuffle(v[2 * i], v[2 * i + 1], lo8) + __builtin_shuffle(v[2 * i], v[2 * i + 1], hi8);
+  for (int i = 0; i < 4; ++i) b[i] = __builtin_shuffle(a[2 * i], a[2 * i + 1], lo4) + __builtin_shuffle(a[2 * i], a[2 * i + 1], hi4);
+  for (int i = 0; i < 2; ++i) c[i] = __builtin_shuffle(b[2 * i], b[2 * i + 1], lo2) + __builtin_shuffle(b[2 * i], b[2 * i + 1], hi2);
+  return __builtin_shuffle(c[0], c[1], lo1) + __builtin_shuffle(c[0], c[1], hi1);
+}
+
+// The running softmax of one query row's G heads (the query heads of one kv head).
+struct Running {
+  float* max;  // [G]
+  float* sum;  // [G]
+  float* acc;  // [G, d]
+};
+
+// Folds keys [0, n) of one block into the running softmax: key j's K at k + j * ks,
+// its V at k + j * ks + d. q: the row's G heads, already scaled, d = NV * 16 apart.
+template <int NV>
+void fold(const float* q, const float* k, int64_t ks, int64_t n, int64_t G, Running& st) {
+  constexpr int64_t D = NV * kLanes;
+  const vf lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
+    const int64_t m = std::min<int64_t>(kLanes, n - j0);
+    const float* kr = k + j0 * ks;
+    for (int64_t g = 0; g < G; ++g) {
+      vf qv[NV];
+      for (int c = 0; c < NV; ++c) qv[c] = vload(q + g * D + c * kLanes);
+      vf dots[kLanes];
+      for (int64_t j = 0; j < kLanes; ++j) {
+        if (j < m) {
+          vf dot = qv[0] * vload(kr + j * ks);
+          for (int c = 1; c < NV; ++c) dot += qv[c] * vload(kr + j * ks + c * kLanes);
+          dots[j] = dot;
+        } else {
+          dots[j] = vsplat(0.f);
+        }
+      }
+      vf s = lane_sums(dots);
+      s = lane < static_cast<float>(m) ? s : vsplat(kNegInf);
+      const float m_old = st.max[g];
+      const float m_new = std::max(m_old, vmax(s));
+      // the running max seldom moves after the first keys: then no rescaling
+      const float corr = m_old == m_new ? 1.f : m_old == kNegInf ? 0.f : vexp(vsplat(m_old - m_new))[0];
+      vf p = vexp(s - m_new);
+      p = lane < static_cast<float>(m) ? p : vsplat(0.f);
+      st.max[g] = m_new;
+      st.sum[g] = st.sum[g] * corr + vsum(p);
+      alignas(64) float w[kLanes];
+      std::memcpy(w, &p, sizeof(w));
+      float* accp = st.acc + g * D;
+      vf acc[NV];
+      for (int c = 0; c < NV; ++c) acc[c] = vload(accp + c * kLanes) * corr;
+      for (int64_t j = 0; j < m; ++j) {
+        const float* vr = kr + j * ks + D;
+        for (int c = 0; c < NV; ++c) acc[c] += w[j] * vload(vr + c * kLanes);
+      }
+      std::memcpy(accp, acc, sizeof(acc));
+    }
+  }
+}
+
+struct Args {
+  const float* q;       // [T, H, d]: rows q_row apart, heads d apart
+  const float* q_sink;  // the same query rotated at its in-cache position (== q without sinks)
+  const float* cache;   // the logical view's element [0, 0, 0, 0]
+  float* out;           // [T, H, d]: rows out_row apart, heads d apart
+  const int32_t* table;
+  const int32_t* qsl;
+  const int32_t* seq_lens;
+  int64_t q_row, out_row, s_block, s_head, s_slot, table_row;
+  int64_t H, G, d, block_size, window, sinks;
+  float scale;
+};
+
+// Query rows [row0, row1) of request r, kv head kh. The query at stream index p sees
+// the sinks [0, min(S, p + 1)) with q_sink and its window [max(S, p - W + 1), p] with q.
+template <int NV>
+void attend(const Args& a, int64_t r, int64_t kh, int64_t row0, int64_t row1, std::vector<float>& scratch) {
+  const int64_t G = a.G, d = a.d, bs = a.block_size;
+  scratch.resize(G * (2 + 2 * d));
+  Running st{scratch.data(), scratch.data() + G, scratch.data() + 2 * G};
+  float* q = scratch.data() + G * (2 + d);
+  float* q_sink = q;  // filled below
+  std::vector<float> qs_buf;
+  const int32_t* blocks = a.table + r * a.table_row;
+  const int64_t last = a.qsl[r + 1];
+  const int64_t len = a.seq_lens[r];
+  auto run = [&](const float* qq, int64_t k0, int64_t k1) {  // keys [k0, k1), block by block
+    while (k0 < k1) {
+      const int64_t b = k0 / bs, off = k0 % bs;
+      const int64_t n = std::min(bs - off, k1 - k0);
+      const float* k = a.cache + blocks[b] * a.s_block + kh * a.s_head + off * a.s_slot;
+      fold<NV>(qq, k, a.s_slot, n, G, st);
+      k0 += n;
+    }
+  };
+  for (int64_t row = row0; row < row1; ++row) {
+    const int64_t p = len - last + row;
+    const int64_t n_sink = std::min(a.sinks, p + 1);
+    const int64_t lo = std::max(a.sinks, p - a.window + 1);
+    const float* qr = a.q + row * a.q_row + kh * G * d;
+    for (int64_t i = 0; i < G * d; ++i) q[i] = qr[i] * a.scale;
+    std::fill(st.max, st.max + G, kNegInf);
+    std::fill(st.sum, st.sum + G, 0.f);
+    std::fill(st.acc, st.acc + G * d, 0.f);
+    if (n_sink > 0) {
+      if (a.q_sink != a.q) {
+        qs_buf.resize(G * d);
+        const float* qsr = a.q_sink + row * a.q_row + kh * G * d;
+        for (int64_t i = 0; i < G * d; ++i) qs_buf[i] = qsr[i] * a.scale;
+        q_sink = qs_buf.data();
+      } else {
+        q_sink = q;
+      }
+      run(q_sink, 0, n_sink);
+    }
+    run(q, lo, p + 1);
+    float* o = a.out + row * a.out_row + kh * G * d;
+    for (int64_t g = 0; g < G; ++g) {
+      const float inv = 1.f / st.sum[g];
+      for (int64_t i = 0; i < d; ++i) o[g * d + i] = st.acc[g * d + i] * inv;
+    }
+  }
+}
+
+void check_rows(const at::Tensor& t, const char* name, int64_t T, int64_t H, int64_t d) {
+  TORCH_CHECK(t.scalar_type() == at::kFloat && t.device().is_cpu(), name, " must be a float32 CPU tensor");
+  TORCH_CHECK(t.dim() == 3 && t.size(0) == T && t.size(1) == H && t.size(2) == d, name, " must be [T, H, d]");
+  TORCH_CHECK(t.stride(2) == 1 && t.stride(1) == d, name, ": heads must be contiguous within a row");
+}
+
+void check_i32(const at::Tensor& t, const char* name) {
+  TORCH_CHECK(t.scalar_type() == at::kInt && t.device().is_cpu() && t.is_contiguous(),
+              name, " must be a contiguous int32 CPU tensor");
+}
+
+// out[T, H, d] = sinks + window attention of q (q_sink for the sinks) over the cache.
+// Request r owns query rows [qsl[r], qsl[r + 1]), the last at stream index seq_lens[r] - 1,
+// and its stream's blocks table[r, :]. Rows past qsl[R] (padding) are left as they are.
+void sink_window_attention(const at::Tensor& q, const at::Tensor& q_sink, const at::Tensor& kv_cache,
+                           const at::Tensor& block_table, const at::Tensor& query_start_loc,
+                           const at::Tensor& seq_lens, int64_t window, int64_t sinks, double scale, at::Tensor& out) {
+  TORCH_CHECK(q.dim() == 3, "q must be [T, H, d]");
+  const int64_t T = q.size(0), H = q.size(1), d = q.size(2);
+  check_rows(q, "q", T, H, d);
+  check_rows(q_sink, "q_sink", T, H, d);
+  check_rows(out, "out", T, H, d);
+  TORCH_CHECK(q_sink.stride(0) == q.stride(0), "q and q_sink must share a row stride");
+  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && kv_cache.device().is_cpu(), "the cache must be float32 on CPU");
+  TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.size(3) == 2 * d && kv_cache.stride(3) == 1,
+              "the cache must be [blocks, kv_heads, block_size, 2 * d], K|V contiguous");
+  const int64_t kvh = kv_cache.size(1), num_blocks = kv_cache.size(0), bs = kv_cache.size(2);
+  TORCH_CHECK(kvh > 0 && H % kvh == 0, "the query heads must be a multiple of the kv heads");
+  TORCH_CHECK(d % kLanes == 0 && d <= 16 * kLanes, "head size must be a multiple of 16, at most 256");
+  TORCH_CHECK(window > 0 && sinks >= 0, "window must be > 0 and sinks >= 0");
+  check_i32(block_table, "block_table");
+  check_i32(query_start_loc, "query_start_loc");
+  check_i32(seq_lens, "seq_lens");
+  const int64_t R = seq_lens.size(0);
+  TORCH_CHECK(block_table.dim() == 2 && block_table.size(0) >= R && query_start_loc.size(0) >= R + 1,
+              "one block table row and one query start per request, plus one");
+  Args a{};
+  a.qsl = query_start_loc.data_ptr<int32_t>();
+  a.seq_lens = seq_lens.data_ptr<int32_t>();
+  a.table = block_table.data_ptr<int32_t>();
+  a.table_row = block_table.size(1);
+  TORCH_CHECK(a.qsl[0] == 0 && a.qsl[R] <= T, "query_start_loc must start at 0 and end within q");
+  // every block a query reads is in the pool: its sink blocks and its window's
+  for (int64_t r = 0; r < R; ++r) {
+    const int64_t qlen = a.qsl[r + 1] - a.qsl[r];
+    TORCH_CHECK(qlen >= 0 && a.seq_lens[r] >= qlen, "request ", r, ": seq_len shorter than its query");
+    if (qlen == 0) continue;
+    const int64_t len = a.seq_lens[r];
+    TORCH_CHECK((len + bs - 1) / bs <= a.table_row, "request ", r, ": its blocks overrun the block table");
+    const int64_t first = std::max<int64_t>(sinks, len - qlen - window + 1) / bs;
+    const int64_t sink_end = (std::min(sinks, len) + bs - 1) / bs;
+    for (int64_t b = 0; b < (len + bs - 1) / bs; ++b) {
+      if (b >= sink_end && b < first) continue;  // between the sinks and the window: never read
+      const int64_t id = a.table[r * a.table_row + b];
+      TORCH_CHECK(id >= 0 && id < num_blocks, "request ", r, ": block ", id, " is not in the cache");
+    }
+  }
+  a.q = q.data_ptr<float>();
+  a.q_sink = q_sink.data_ptr<float>() == a.q ? a.q : q_sink.data_ptr<float>();
+  a.cache = kv_cache.data_ptr<float>();
+  a.out = out.data_ptr<float>();
+  a.q_row = q.stride(0);
+  a.out_row = out.stride(0);
+  a.s_block = kv_cache.stride(0);
+  a.s_head = kv_cache.stride(1);
+  a.s_slot = kv_cache.stride(2);
+  a.H = H;
+  a.G = H / kvh;
+  a.d = d;
+  a.block_size = bs;
+  a.window = window;
+  a.sinks = sinks;
+  a.scale = static_cast<float>(scale);
+  // a task: one (request, kv head) and up to kRows of its query rows, so that a long
+  // chunk (a prompt) spreads over every thread
+  constexpr int64_t kRows = 8;
+  struct Task {
+    int64_t r, kh, row0, row1, cost;
+  };
+  std::vector<Task> tasks;
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t kh = 0; kh < kvh; ++kh) {
+      for (int64_t row = a.qsl[r]; row < a.qsl[r + 1]; row += kRows) {
+        const int64_t row1 = std::min<int64_t>(row + kRows, a.qsl[r + 1]);
+        const int64_t keys = std::min<int64_t>(a.seq_lens[r], window + sinks);
+        tasks.push_back({r, kh, row, row1, keys * (row1 - row)});
+      }
+    }
+  }
+  // the costliest first, each thread taking the next when it is free: requests differ in length
+  std::stable_sort(tasks.begin(), tasks.end(), [](const Task& x, const Task& y) { return x.cost > y.cost; });
+  std::atomic<int64_t> next{0};
+  const int64_t n_tasks = static_cast<int64_t>(tasks.size());
+  at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_tasks), 1, [&](int64_t, int64_t) {
+    std::vector<float> scratch;
+    for (int64_t i = next++; i < n_tasks; i = next++) {
+      const Task& t = tasks[i];
+      switch (d / kLanes) {
+#define METRONOME_CASE(nv) \
+  case nv:                 \
+    attend<nv>(a, t.r, t.kh, t.row0, t.row1, scratch); \
+    break;
+        METRONOME_CASE(1)
+        METRONOME_CASE(2)
+        METRONOME_CASE(3)
+        METRONOME_CASE(4)
+        METRONOME_CASE(5)
+        METRONOME_CASE(6)
+        METRONOME_CASE(7)
+        METRONOME_CASE(8)
+        METRONOME_CASE(10)
+        METRONOME_CASE(12)
+        METRONOME_CASE(16)
+#undef METRONOME_CASE
+        default:
+          TORCH_CHECK(false, "no kernel for head size ", d);
+      }
+    }
+  });
+}
+
+}  // namespace
+
+TORCH_LIBRARY(metronome_vllm, m) {
+  m.def(
+      "sink_window_attention(Tensor q, Tensor q_sink, Tensor kv_cache, Tensor block_table, Tensor query_start_loc, "
+      "Tensor seq_lens, int window, int sinks, float scale, Tensor(a!) out) -> ()",
+      &sink_window_attention);
+}
