@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from vllm.v1.kv_cache_interface import KVCacheLayout
 
+from metronome_engine.vllm_backend import native
 from metronome_engine.vllm_backend.attention import (
     WindowTiles,
     sink_pass,
@@ -28,7 +29,6 @@ from metronome_engine.vllm_backend.attention import (
     token_requests,
     write_kv,
 )
-from metronome_engine.vllm_backend import native
 from metronome_engine.vllm_backend.attn_backend import SinkWindowTorchMetadata, _merge_sinks
 from metronome_engine.vllm_backend.positions import gap_blocks, in_cache_positions
 
@@ -161,7 +161,16 @@ def test_batched_attention_equals_dense_reference(
         table = step["table"]
         assert isinstance(table, Tensor)
         native.sink_window_attention(
-            q, q if q_sink is None else q_sink, cache, table, qsl, seq_lens, got, window=window, sinks=sinks, scale=scale
+            q,
+            q if q_sink is None else q_sink,
+            cache,
+            table,
+            qsl,
+            seq_lens,
+            got,
+            window=window,
+            sinks=sinks,
+            scale=scale,
         )
     elif one_pass:  # the sinks relocated per query with the same RoPE the keys were cached with
         got, _ = sink_window_attention(q, cache, tiles, scale=scale, rotate=lambda at, x: rope(x, at))

@@ -27,7 +27,7 @@ the query rotated at its stream index (heads ``:H``) and at its in-cache positio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -129,7 +129,12 @@ class SinkWindowTorchBuilder(AttentionMetadataBuilder[SinkWindowTorchMetadata]):
         )
 
 
-class SinkWindowTorchImpl(AttentionImpl[SinkWindowTorchMetadata]):  # type: ignore[misc]
+M = TypeVar("M")
+
+
+class SinkWindowImpl(AttentionImpl[M], Generic[M]):  # type: ignore[misc]
+    """What the CPU backends share: the layer's settings and the cache write."""
+
     def __init__(
         self,
         num_heads: int,
@@ -159,6 +164,13 @@ class SinkWindowTorchImpl(AttentionImpl[SinkWindowTorchMetadata]):  # type: igno
         self.attn_type = attn_type
         self.rotate: Rotate | None = None  # the model's RoPE, set by model.swap_attention_layers
 
+    def do_kv_cache_update(
+        self, layer: Any, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
+        write_kv(kv_cache, key, value, slot_mapping)
+
+
+class SinkWindowTorchImpl(SinkWindowImpl[SinkWindowTorchMetadata]):
     def forward(
         self,
         layer: Any,
@@ -180,11 +192,6 @@ class SinkWindowTorchImpl(AttentionImpl[SinkWindowTorchMetadata]):  # type: igno
         out, _ = sink_window_attention(query[:n], kv_cache, md.tiles, scale=self.scale, rotate=self.rotate)
         output[:n].copy_(out)
         return output
-
-    def do_kv_cache_update(
-        self, layer: Any, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor
-    ) -> None:
-        write_kv(kv_cache, key, value, slot_mapping)
 
 
 class SinkWindowTorchBackend(AttentionBackend):  # type: ignore[misc]

@@ -25,8 +25,7 @@ from vllm.v1.attention.backend import (
 )
 
 from . import native
-from .attention import write_kv
-from .attn_backend import SinkWindowTorchImpl
+from .attn_backend import SinkWindowImpl
 
 __all__ = ["CPU_BACKEND_NAME", "SinkWindowCpuBackend"]
 
@@ -63,7 +62,7 @@ class SinkWindowCpuBuilder(AttentionMetadataBuilder[SinkWindowCpuMetadata]):  # 
         )
 
 
-class SinkWindowCpuImpl(SinkWindowTorchImpl):
+class SinkWindowCpuImpl(SinkWindowImpl[SinkWindowCpuMetadata]):
     def forward(
         self,
         layer: Any,
@@ -101,11 +100,6 @@ class SinkWindowCpuImpl(SinkWindowTorchImpl):
             scale=self.scale,
         )
         return output
-
-    def do_kv_cache_update(
-        self, layer: Any, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor
-    ) -> None:
-        write_kv(kv_cache, key, value, slot_mapping)
 
 
 class SinkWindowCpuBackend(AttentionBackend):  # type: ignore[misc]

