@@ -36,7 +36,8 @@ def head_size_supported(head_size: int) -> bool:
 
 def _cflags() -> list[str]:
     # no -ffast-math: a NaN from a broken layer must reach the output, not vanish in a max
-    flags = ["-O3", "-fno-math-errno", "-fno-trapping-math", "-fvisibility=hidden"]
+    # -fopenmp: at::parallel_for is inlined here and splits the work over OpenMP threads
+    flags = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fvisibility=hidden"]
     if platform.machine() in _X86:
         flags += ["-march=native", "-mprefer-vector-width=512"]
     else:
@@ -71,6 +72,7 @@ def available() -> bool:
                     name="metronome_vllm_kernels",
                     sources=[str(_SOURCE)],
                     extra_cflags=_cflags(),
+                    extra_ldflags=["-fopenmp"],
                     build_directory=str(target),
                     is_python_module=False,
                     verbose=False,

@@ -32,11 +32,14 @@ typedef int32_t vi __attribute__((vector_size(64), aligned(4)));
 constexpr int kLanes = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
 
-inline vf vload(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+// Loads and stores through a may_alias vector type: one unaligned vector move each (a
+// memcpy into a vf became two half-width stores and a full-width reload, a store-
+// forwarding stall on every key).
+typedef float vf_mem __attribute__((vector_size(64), aligned(4), may_alias));
+
+inline vf vload(const float* p) { return *reinterpret_cast<const vf_mem*>(p); }
+
+inline void vstore(float* p, vf v) { *reinterpret_cast<vf_mem*>(p) = v; }
 
 inline vf vsplat(float x) { return vf{} + x; }
 
@@ -67,9 +70,7 @@ inline vf vexp(vf x) {
   p = p * r + 5.0000001201e-1f;
   p = p * r * r + r + 1.0f;
   const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-  vf scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
+  return p * __builtin_bit_cast(vf, bits);
 }
 
 // Lane j of the result is the sum of the lanes of v[j]: sixteen dot products reduced
@@ -130,7 +131,7 @@ void fold(const float* q, const float* k, int64_t ks, int64_t n, int64_t G, Runn
       st.max[g] = m_new;
       st.sum[g] = st.sum[g] * corr + vsum(p);
       alignas(64) float w[kLanes];
-      std::memcpy(w, &p, sizeof(w));
+      vstore(w, p);
       float* accp = st.acc + g * D;
       vf acc[NV];
       for (int c = 0; c < NV; ++c) acc[c] = vload(accp + c * kLanes) * corr;
@@ -138,7 +139,7 @@ void fold(const float* q, const float* k, int64_t ks, int64_t n, int64_t G, Runn
         const float* vr = kr + j * ks + D;
         for (int c = 0; c < NV; ++c) acc[c] += w[j] * vload(vr + c * kLanes);
       }
-      std::memcpy(accp, acc, sizeof(acc));
+      for (int c = 0; c < NV; ++c) vstore(accp + c * kLanes, acc[c]);
     }
   }
 }
