@@ -123,3 +123,20 @@ def test_cpu_layers_take_the_kernel_where_it_serves_them() -> None:
     assert select_backend(64, torch.float32, "auto") is SinkWindowCpuBackend
     assert select_backend(64, torch.bfloat16, "auto") is SinkWindowTorchBackend  # the kernel is float32 only
     assert select_backend(72, torch.float32, "auto") is SinkWindowTorchBackend  # no build for this head size
+
+
+@pytest.mark.parametrize("layout", [KVCacheLayout.LBNHC, KVCacheLayout.LBHNC], ids=["NHD", "HND"])
+def test_store_kv_writes_each_slot_and_skips_padding(layout: KVCacheLayout) -> None:
+    assert native.available()
+    cache = _step(layout, 9, 3, 64, 256, 4)["cache"]
+    before = cache.clone()
+    # a key/value pair as the layer hands them: views into one projection, rows wider than the heads
+    kv = torch.randn(3, 2 * 3 * 64 + 5)
+    key, value = kv[:, : 3 * 64].view(3, 3, 64), kv[:, 3 * 64 : 6 * 64].view(3, 3, 64)
+    native.store_kv(key, value, cache, torch.tensor([5 * BLOCK + 7, -1, 2 * BLOCK]))
+    assert torch.equal(cache[5, :, 7, :64], key[0]) and torch.equal(cache[5, :, 7, 64:], value[0])
+    assert torch.equal(cache[2, :, 0, :64], key[2]) and torch.equal(cache[2, :, 0, 64:], value[2])
+    changed = (cache != before).any(dim=(1, 3)).nonzero().tolist()  # [block, slot] pairs written
+    assert changed == [[2, 0], [5, 7]]
+    with pytest.raises(RuntimeError, match="is not in the cache"):
+        native.store_kv(key, value, cache, torch.tensor([cache.shape[0] * BLOCK, 0, 0]))

@@ -101,6 +101,11 @@ class SinkWindowCpuImpl(SinkWindowImpl[SinkWindowCpuMetadata]):
         )
         return output
 
+    def do_kv_cache_update(
+        self, layer: Any, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
+        native.store_kv(key, value, kv_cache, slot_mapping.long())
+
 
 class SinkWindowCpuBackend(AttentionBackend):  # type: ignore[misc]
     """Sinks + window attention by a C++ kernel over vLLM's CPU cache (float32, either layout)."""

@@ -18,7 +18,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-__all__ = ["available", "head_size_supported", "sink_window_attention"]
+__all__ = ["available", "head_size_supported", "sink_window_attention", "store_kv"]
 
 log = logging.getLogger(__name__)
 
@@ -107,3 +107,9 @@ def sink_window_attention(
     torch.ops.metronome_vllm.sink_window_attention(
         q, q_sink, kv_cache, block_table, query_start_loc, seq_lens, window, sinks, scale, out
     )
+
+
+def store_kv(key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor) -> None:
+    """Write ``key``/``value`` ``[T, kv_heads, d]`` (float32) at their slots of ``kv_cache`` (vLLM's
+    logical layer view, any layout); padding slots (``-1``) are skipped. Call ``available()`` first."""
+    torch.ops.metronome_vllm.store_kv(key, value, kv_cache, slot_mapping)

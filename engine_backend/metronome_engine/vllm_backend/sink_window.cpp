@@ -329,9 +329,41 @@ void sink_window_attention(const at::Tensor& q, const at::Tensor& q_sink, const 
   });
 }
 
+// Stores this step's K and V at their slots of the cache (any layout): one call a layer,
+// where the torch path concatenates, converts and scatters. Padding slots (-1) are skipped.
+void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cache, const at::Tensor& slot_mapping) {
+  TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && kv_cache.device().is_cpu() && kv_cache.dim() == 4 &&
+                  kv_cache.stride(3) == 1,
+              "the cache must be a float32 CPU [blocks, kv_heads, block_size, 2 * d] view, K|V contiguous");
+  const int64_t kvh = kv_cache.size(1), bs = kv_cache.size(2), d = kv_cache.size(3) / 2;
+  TORCH_CHECK(slot_mapping.scalar_type() == at::kLong && slot_mapping.dim() == 1 && slot_mapping.is_contiguous(),
+              "slot_mapping must be a contiguous int64 vector");
+  const int64_t n = slot_mapping.size(0);
+  check_rows(key, "key", key.size(0), kvh, d);
+  check_rows(value, "value", value.size(0), kvh, d);
+  TORCH_CHECK(key.size(0) >= n && value.size(0) >= n, "fewer keys or values than slots");
+  const int64_t* slots = slot_mapping.data_ptr<int64_t>();
+  const int64_t capacity = kv_cache.size(0) * bs;
+  for (int64_t i = 0; i < n; ++i) TORCH_CHECK(slots[i] < capacity, "slot ", slots[i], " is not in the cache");
+  const float* k = key.data_ptr<float>();
+  const float* v = value.data_ptr<float>();
+  float* cache = kv_cache.data_ptr<float>();
+  const int64_t kr = key.stride(0), vr = value.stride(0);
+  const int64_t sb = kv_cache.stride(0), sh = kv_cache.stride(1), ss = kv_cache.stride(2);
+  for (int64_t i = 0; i < n; ++i) {
+    if (slots[i] < 0) continue;
+    float* row = cache + (slots[i] / bs) * sb + (slots[i] % bs) * ss;
+    for (int64_t h = 0; h < kvh; ++h) {
+      std::memcpy(row + h * sh, k + i * kr + h * d, d * sizeof(float));
+      std::memcpy(row + h * sh + d, v + i * vr + h * d, d * sizeof(float));
+    }
+  }
+}
+
 }  // namespace
 
 TORCH_LIBRARY(metronome_vllm, m) {
+  m.def("store_kv(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()", &store_kv);
   m.def(
       "sink_window_attention(Tensor q, Tensor q_sink, Tensor kv_cache, Tensor block_table, Tensor query_start_loc, "
       "Tensor seq_lens, int window, int sinks, float scale, Tensor(a!) out) -> ()",
