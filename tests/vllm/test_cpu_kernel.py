@@ -25,13 +25,22 @@ from metronome_engine.vllm_backend.positions import gap_blocks, in_cache_positio
 BLOCK = 32
 
 
-def _rope(x: Tensor, pos: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
+def _table(positions: int, dim: int) -> Tensor:
+    """A RoPE table as vLLM keeps it: ``[positions, dim]``, cos then sin of ``position * frequency``."""
+    half = dim // 2
     inv = 1.0 / 10000.0 ** (torch.arange(0, half, dtype=torch.float64) / half)
-    ang = pos.to(torch.float64)[:, None] * inv[None, :]
-    cos, sin = ang.cos()[:, None, :].float(), ang.sin()[:, None, :].float()
-    a, b = x[..., :half], x[..., half:]
-    return torch.cat((a * cos - b * sin, b * cos + a * sin), dim=-1)
+    ang = torch.arange(positions, dtype=torch.float64)[:, None] * inv[None, :]
+    return torch.cat((ang.cos(), ang.sin()), dim=-1).float()
+
+
+def _rope(x: Tensor, pos: Tensor, *, neox: bool = True) -> Tensor:
+    """``x [n, h, d]`` rotated at ``pos [n]``: halves paired (neox) or neighbours (GPT-J)."""
+    half = x.shape[-1] // 2
+    cs = _table(int(pos.max()) + 1, x.shape[-1])[pos]
+    cos, sin = cs[:, None, :half], cs[:, None, half:]
+    a, b = (x[..., :half], x[..., half:]) if neox else (x[..., 0::2], x[..., 1::2])
+    ra, rb = a * cos - b * sin, b * cos + a * sin
+    return torch.cat((ra, rb), dim=-1) if neox else torch.stack((ra, rb), dim=-1).flatten(-2)
 
 
 def _step(layout: KVCacheLayout, heads: int, kv_heads: int, head: int, window: int, sinks: int) -> dict[str, Tensor]:
@@ -96,6 +105,44 @@ def test_kernel_equals_torch_pass_at_model_shapes(layout: KVCacheLayout, heads: 
         scale=scale,
     )
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    # the kernel rotating the query back to its in-cache position itself, from the RoPE table
+    rotated = torch.full_like(q, float("nan"))
+    native.sink_window_attention(
+        q,
+        None,
+        s["cache"],
+        s["table"],
+        s["qsl"],
+        s["seq_lens"],
+        rotated,
+        window=window,
+        sinks=sinks,
+        scale=scale,
+        rope_table=_table(int(s["seq_lens"].max()), head),
+    )
+    torch.testing.assert_close(rotated, want, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("neox", [True, False], ids=["neox", "gptj"])
+def test_kernel_rotates_the_sink_query_back_as_the_model_rotates_it(neox: bool) -> None:
+    """Both RoPE styles: the query at p rotated back by p - c scores the sinks as the query at c."""
+    assert native.available()
+    window, sinks = 32, 4  # a short window: most queries' sinks have left it
+    s = _step(KVCacheLayout.LBHNC, 9, 3, 64, window, sinks)
+    q = _rope(s["raw"], s["pos"], neox=neox)
+    q_sink = _rope(s["raw"], in_cache_positions(s["pos"], window=window, sinks=sinks), neox=neox)
+    args = (s["cache"], s["table"], s["qsl"], s["seq_lens"])
+    want, got = torch.empty_like(q), torch.empty_like(q)
+    native.sink_window_attention(q, q_sink, *args, want, window=window, sinks=sinks, scale=0.125)
+    table = _table(int(s["seq_lens"].max()), 64)
+    native.sink_window_attention(
+        q, None, *args, got, window=window, sinks=sinks, scale=0.125, rope_table=table, neox=neox
+    )
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    with pytest.raises(RuntimeError, match="RoPE table has no angle"):
+        native.sink_window_attention(
+            q, None, *args, got, window=window, sinks=sinks, scale=0.125, rope_table=table[:100], neox=neox
+        )
 
 
 def test_kernel_refuses_a_block_outside_the_cache() -> None:

@@ -6,8 +6,11 @@ at its in-cache position and the window with the query at its stream index, one 
 softmax over both. It reads the cache where vLLM keeps it (either layout), as vLLM's own CPU
 kernel does; the torch backend (``attn_backend.SinkWindowTorchBackend``) copies each tile's
 blocks out first and relocates the sinks, and stays the fallback where the kernel does not
-build or the model is not float32. The layer hands it the packed query (``packs_sink_query``):
-``[T, 2 * H, d]``, the query at its stream index then at its in-cache position.
+build or the model is not float32. The kernel rotates the query back to its in-cache
+position itself (with the model's RoPE table) where that table is
+``cos/sin(position * frequency)``; for any other rotary embedding the layer hands it the
+packed query (``packs_sink_query``): ``[T, 2 * H, d]``, the query at its stream index then
+at its in-cache position.
 """
 
 from __future__ import annotations
@@ -63,6 +66,11 @@ class SinkWindowCpuBuilder(AttentionMetadataBuilder[SinkWindowCpuMetadata]):  # 
 
 
 class SinkWindowCpuImpl(SinkWindowImpl[SinkWindowCpuMetadata]):
+    # the model's rotary embedding, set by model.swap_attention_layers where its table is
+    # cos/sin(position * frequency): the kernel then rotates the sink query itself (the
+    # layer passes the plain query); without it the layer packs both rotations
+    rope: Any = None
+
     def forward(
         self,
         layer: Any,
@@ -81,12 +89,16 @@ class SinkWindowCpuImpl(SinkWindowImpl[SinkWindowCpuMetadata]):
             return output.zero_()
         md = attn_metadata
         n = md.num_actual_tokens
-        if self.sink_tokens:
+        q_sink: Tensor | None = None
+        table: Tensor | None = None
+        if self.sink_tokens and self.rope is None:
             # the layer views the packed [T, 2 * H * d] query as [2T, H, d]: token t's rows are 2t and 2t + 1
             packed = query.view(-1, 2 * self.num_heads, self.head_size)
             q, q_sink = packed[:n, : self.num_heads], packed[:n, self.num_heads :]
         else:
-            q = q_sink = query[:n]
+            q = query[:n]
+            if self.sink_tokens:
+                table = self.rope.cos_sin_cache
         native.sink_window_attention(
             q,
             q_sink,
@@ -98,6 +110,8 @@ class SinkWindowCpuImpl(SinkWindowImpl[SinkWindowCpuMetadata]):
             window=self.window,
             sinks=self.sink_tokens,
             scale=self.scale,
+            rope_table=table,
+            neox=bool(self.rope is None or self.rope.is_neox_style),
         )
         return output
 

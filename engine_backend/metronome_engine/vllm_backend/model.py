@@ -120,6 +120,12 @@ def rotation(rope: Any) -> Rotate:
     return rotate
 
 
+def _scales_frequencies(rope: Any) -> bool:
+    """Whether ``rope``'s table is ``cos/sin(position * frequency)`` (plain, Llama 3), so that a
+    rotation by ``a`` then by ``b`` is one by ``a + b``."""
+    return type(rope)._compute_cos_sin_cache is RotaryEmbeddingBase._compute_cos_sin_cache
+
+
 def extend_rope(rope: Any, length: int) -> None:
     """Give a RoPE table ``length`` positions, computed in float64 (idempotent).
 
@@ -132,7 +138,7 @@ def extend_rope(rope: Any, length: int) -> None:
     """
     if rope.cos_sin_cache.shape[0] >= length:
         return
-    if type(rope)._compute_cos_sin_cache is not RotaryEmbeddingBase._compute_cos_sin_cache:
+    if not _scales_frequencies(rope):
         raise ValueError(
             f"{type(rope).__name__} scales positions itself; the sinks + window backend can extend only "
             f"RoPE tables that scale frequencies (plain, Llama 3). Set max_model_len <= {rope.cos_sin_cache.shape[0]}"
@@ -176,7 +182,11 @@ def swap_attention_layers(model: nn.Module, *, window: int, sinks: int, vllm_con
         )
         extend_rope(rope, length)
         backend = module.attn.attn_backend
-        module.rotary_emb = SinkWindowRope(rope, window=window, sinks=sinks, pack=backend.packs_sink_query)
+        pack = backend.packs_sink_query
+        if pack and hasattr(module.attn.impl, "rope") and _scales_frequencies(rope):
+            module.attn.impl.rope = rope  # the CPU kernel rotates the sink query back itself
+            pack = False
+        module.rotary_emb = SinkWindowRope(rope, window=window, sinks=sinks, pack=pack)
         module.attn.impl.rotate = rotation(rope)
         swapped += 1
     if not swapped:

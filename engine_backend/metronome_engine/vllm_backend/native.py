@@ -86,7 +86,7 @@ def available() -> bool:
 
 def sink_window_attention(
     q: Tensor,
-    q_sink: Tensor,
+    q_sink: Tensor | None,
     kv_cache: Tensor,
     block_table: Tensor,
     query_start_loc: Tensor,
@@ -96,16 +96,21 @@ def sink_window_attention(
     window: int,
     sinks: int,
     scale: float,
+    rope_table: Tensor | None = None,
+    neox: bool = True,
 ) -> None:
     """Write into ``out [T, H, d]`` the sinks + window attention of ``q [T, H, d]``.
 
-    ``q`` is rotated at each query's stream index (window keys), ``q_sink`` at its in-cache
-    position (sink keys; pass ``q`` itself when there are no sinks); ``kv_cache`` is vLLM's
-    logical layer view ``[blocks, kv_heads, block_size, 2 * d]`` in any layout; the request
-    metadata is vLLM's (int32). Call ``available()`` first.
+    ``q`` is rotated at each query's stream index (window keys). The sink keys are scored
+    with the query at its in-cache position: ``q_sink``, or, when it is ``None``, ``q``
+    rotated back by ``p - c`` in the kernel with ``rope_table`` (vLLM's ``cos_sin_cache``,
+    ``[positions, rotary_dim]``, cos then sin; ``neox``: rotate halves, else pairs), which
+    holds for tables of ``cos/sin(position * frequency)``. ``kv_cache`` is vLLM's logical
+    layer view ``[blocks, kv_heads, block_size, 2 * d]`` in any layout; the request metadata
+    is vLLM's (int32). Call ``available()`` first.
     """
     torch.ops.metronome_vllm.sink_window_attention(
-        q, q_sink, kv_cache, block_table, query_start_loc, seq_lens, window, sinks, scale, out
+        q, q_sink, rope_table, neox, kv_cache, block_table, query_start_loc, seq_lens, window, sinks, scale, out
     )
 
 

@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <optional>
 #include <vector>
 
 namespace {
@@ -146,7 +147,10 @@ void fold(const float* q, const float* k, int64_t ks, int64_t n, int64_t G, Runn
 
 struct Args {
   const float* q;       // [T, H, d]: rows q_row apart, heads d apart
-  const float* q_sink;  // the same query rotated at its in-cache position (== q without sinks)
+  const float* q_sink;  // the same query rotated at its in-cache position (== q without sinks), or null:
+  const float* cos_sin;  // then each row rotates q back by p - c itself with this RoPE table [P, rd]
+  int64_t rd;            // (cos | sin halves), neox (halves) or GPT-J (pairs) style
+  bool neox;
   const float* cache;   // the logical view's element [0, 0, 0, 0]
   float* out;           // [T, H, d]: rows out_row apart, heads d apart
   const int32_t* table;
@@ -166,7 +170,7 @@ void attend(const Args& a, int64_t r, int64_t kh, int64_t row0, int64_t row1, st
   Running st{scratch.data(), scratch.data() + G, scratch.data() + 2 * G};
   float* q = scratch.data() + G * (2 + d);
   float* q_sink = q;  // filled below
-  std::vector<float> qs_buf;
+  std::vector<float> qs_buf(G * d);
   const int32_t* blocks = a.table + r * a.table_row;
   const int64_t last = a.qsl[r + 1];
   const int64_t len = a.seq_lens[r];
@@ -189,10 +193,27 @@ void attend(const Args& a, int64_t r, int64_t kh, int64_t row0, int64_t row1, st
     std::fill(st.sum, st.sum + G, 0.f);
     std::fill(st.acc, st.acc + G * d, 0.f);
     if (n_sink > 0) {
-      if (a.q_sink != a.q) {
-        qs_buf.resize(G * d);
+      // the query's in-cache position: sinks seen + window seen - 1
+      const int64_t delta = p - (n_sink + std::max<int64_t>(p - lo + 1, 0) - 1);
+      if (a.q_sink != nullptr && a.q_sink != a.q) {
         const float* qsr = a.q_sink + row * a.q_row + kh * G * d;
         for (int64_t i = 0; i < G * d; ++i) qs_buf[i] = qsr[i] * a.scale;
+        q_sink = qs_buf.data();
+      } else if (a.q_sink == nullptr && delta > 0) {
+        // rotated back by delta: a RoPE score depends on the difference of the two angles, so
+        // rotating the query at p back by p - c gives the query at c
+        const float* cs = a.cos_sin + delta * a.rd;
+        const int64_t half = a.rd / 2;
+        std::copy(q, q + G * d, qs_buf.data());
+        for (int64_t g = 0; g < G; ++g) {
+          float* x = qs_buf.data() + g * d;
+          for (int64_t i = 0; i < half; ++i) {
+            const int64_t i1 = a.neox ? i : 2 * i, i2 = a.neox ? i + half : 2 * i + 1;
+            const float x1 = x[i1], x2 = x[i2], c = cs[i], sn = cs[half + i];
+            x[i1] = x1 * c + x2 * sn;
+            x[i2] = x2 * c - x1 * sn;
+          }
+        }
         q_sink = qs_buf.data();
       } else {
         q_sink = q;
@@ -222,15 +243,26 @@ void check_i32(const at::Tensor& t, const char* name) {
 // out[T, H, d] = sinks + window attention of q (q_sink for the sinks) over the cache.
 // Request r owns query rows [qsl[r], qsl[r + 1]), the last at stream index seq_lens[r] - 1,
 // and its stream's blocks table[r, :]. Rows past qsl[R] (padding) are left as they are.
-void sink_window_attention(const at::Tensor& q, const at::Tensor& q_sink, const at::Tensor& kv_cache,
+void sink_window_attention(const at::Tensor& q, const std::optional<at::Tensor>& q_sink,
+                           const std::optional<at::Tensor>& cos_sin, bool neox, const at::Tensor& kv_cache,
                            const at::Tensor& block_table, const at::Tensor& query_start_loc,
                            const at::Tensor& seq_lens, int64_t window, int64_t sinks, double scale, at::Tensor& out) {
   TORCH_CHECK(q.dim() == 3, "q must be [T, H, d]");
   const int64_t T = q.size(0), H = q.size(1), d = q.size(2);
   check_rows(q, "q", T, H, d);
-  check_rows(q_sink, "q_sink", T, H, d);
+  if (q_sink.has_value()) check_rows(*q_sink, "q_sink", T, H, d);
   check_rows(out, "out", T, H, d);
-  TORCH_CHECK(q_sink.stride(0) == q.stride(0), "q and q_sink must share a row stride");
+  TORCH_CHECK(!q_sink.has_value() || q_sink->stride(0) == q.stride(0), "q and q_sink must share a row stride");
+  TORCH_CHECK(sinks == 0 || q_sink.has_value() || cos_sin.has_value(),
+              "with sinks, pass the query at its in-cache position or the RoPE table to rotate it");
+  int64_t table_rows = 0;
+  if (!q_sink.has_value() && cos_sin.has_value()) {
+    const at::Tensor& t = *cos_sin;
+    TORCH_CHECK(t.scalar_type() == at::kFloat && t.device().is_cpu() && t.dim() == 2 && t.is_contiguous(),
+                "the RoPE table must be a contiguous float32 CPU [positions, rotary_dim]");
+    TORCH_CHECK(t.size(1) % 2 == 0 && t.size(1) <= d, "the RoPE table's rotary_dim must be even and at most d");
+    table_rows = t.size(0);
+  }
   TORCH_CHECK(kv_cache.scalar_type() == at::kFloat && kv_cache.device().is_cpu(), "the cache must be float32 on CPU");
   TORCH_CHECK(kv_cache.dim() == 4 && kv_cache.size(3) == 2 * d && kv_cache.stride(3) == 1,
               "the cache must be [blocks, kv_heads, block_size, 2 * d], K|V contiguous");
@@ -256,6 +288,11 @@ void sink_window_attention(const at::Tensor& q, const at::Tensor& q_sink, const 
     TORCH_CHECK(qlen >= 0 && a.seq_lens[r] >= qlen, "request ", r, ": seq_len shorter than its query");
     if (qlen == 0) continue;
     const int64_t len = a.seq_lens[r];
+    if (table_rows > 0) {  // the last row rotates back the furthest: p - c grows with p
+      const int64_t p = len - 1, lo = std::max(sinks, p - window + 1);
+      const int64_t delta = p - (std::min(sinks, p + 1) + std::max<int64_t>(p - lo + 1, 0) - 1);
+      TORCH_CHECK(delta < table_rows, "request ", r, ": the RoPE table has no angle for ", delta, " positions");
+    }
     TORCH_CHECK((len + bs - 1) / bs <= a.table_row, "request ", r, ": its blocks overrun the block table");
     const int64_t first = std::max<int64_t>(sinks, len - qlen - window + 1) / bs;
     const int64_t sink_end = (std::min(sinks, len) + bs - 1) / bs;
@@ -266,7 +303,12 @@ void sink_window_attention(const at::Tensor& q, const at::Tensor& q_sink, const 
     }
   }
   a.q = q.data_ptr<float>();
-  a.q_sink = q_sink.data_ptr<float>() == a.q ? a.q : q_sink.data_ptr<float>();
+  a.q_sink = q_sink.has_value() ? q_sink->data_ptr<float>() : (sinks > 0 ? nullptr : a.q);
+  if (a.q_sink == nullptr) {
+    a.cos_sin = cos_sin->data_ptr<float>();
+    a.rd = cos_sin->size(1);
+    a.neox = neox;
+  }
   a.cache = kv_cache.data_ptr<float>();
   a.out = out.data_ptr<float>();
   a.q_row = q.stride(0);
@@ -365,7 +407,8 @@ void store_kv(const at::Tensor& key, const at::Tensor& value, at::Tensor& kv_cac
 TORCH_LIBRARY(metronome_vllm, m) {
   m.def("store_kv(Tensor key, Tensor value, Tensor(a!) kv_cache, Tensor slot_mapping) -> ()", &store_kv);
   m.def(
-      "sink_window_attention(Tensor q, Tensor q_sink, Tensor kv_cache, Tensor block_table, Tensor query_start_loc, "
+      "sink_window_attention(Tensor q, Tensor? q_sink, Tensor? cos_sin, bool neox, Tensor kv_cache, "
+      "Tensor block_table, Tensor query_start_loc, "
       "Tensor seq_lens, int window, int sinks, float scale, Tensor(a!) out) -> ()",
       &sink_window_attention);
 }
