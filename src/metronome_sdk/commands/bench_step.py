@@ -93,9 +93,10 @@ def _add(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--llama-args",
-        default="",
+        default=os.environ.get("METRONOME_LLAMA_ARGS", ""),
         metavar="ARGS",
-        help="further arguments for llama-batched-bench (e.g. '--no-repack' for a native build on AMX)",
+        help="further arguments for llama-batched-bench (e.g. --llama-args=--no-repack for a native build on "
+        "AMX; default: $METRONOME_LLAMA_ARGS)",
     )
     p.add_argument(
         "--vllm-python",
