@@ -22,6 +22,7 @@ leaves its outputs unread is shed with ``LoadShed`` (or loses its oldest outputs
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -264,6 +265,19 @@ class Engine:
     @property
     def tokenizer(self) -> TextTokenizer | None:
         return self._tokenizer
+
+    @property
+    def next_tick(self) -> float | None:
+        """When the next tick may start, in ``anyio.current_time()``'s clock; ``None`` before the first tick.
+
+        Ticks come at most one per period and keep their phase, so a frame sent just after a
+        tick waits almost a period for the next one, and that wait counts in its latency. A
+        client whose next frame is ready early (a reply's next decode frame) sends it just
+        before this time, and its frame's latency is the step's, not the metronome's phase.
+        A time in the past means the next tick starts as soon as a frame comes.
+        """
+        loop = self._loop
+        return None if loop is None or not math.isfinite(loop.next_tick) else loop.next_tick
 
     @property
     def failure(self) -> EngineStalled | None:

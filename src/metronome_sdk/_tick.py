@@ -108,6 +108,11 @@ class TickLoop:
     def running(self) -> bool:
         return self._running
 
+    @property
+    def next_tick(self) -> float:
+        """When (``anyio.current_time()``) the next tick may start: the metronome's phase (``-inf`` before any)."""
+        return self._next_tick
+
     async def stopped(self) -> None:
         """Wait until the loop has stopped (the tick in flight finished, or was abandoned)."""
         while self._running:
