@@ -218,7 +218,14 @@ class Engine:
             )
         shared = Shared(core=core, worker=self._worker, pool=pool, session_blocks=bound)
         encoder = InputEncoder(self._tokenizer, self.codec, core.config.vocab_size)
-        gate = Gate(shared, admitter, self._counters, encoder, max_chunk=self.timing.max_chunk_tokens)
+        gate = Gate(
+            shared,
+            admitter,
+            self._counters,
+            encoder,
+            max_chunk=self.timing.max_chunk_tokens,
+            prompt_at_open=self.timing.prompt_at_open,
+        )
         delivery = Delivery(
             counters=self._counters,
             timing=self.timing,
@@ -406,7 +413,7 @@ class Engine:
         wait = self.admission_config.queue_timeout if timeout is None else timeout
         slot = await self._gate.wait(channel, system_prompt, sampling, log, wait, pin_system_prompt)
         self._check_serving(channel.session_id)  # the engine may have closed while the session waited
-        return slot
+        return self._prefill_soon(slot)
 
     def _admit_nowait(
         self,
@@ -424,7 +431,14 @@ class Engine:
             self._start_now(core, *self._sizes(core, self.timing.max_chunk_tokens))
         self._check_serving(channel.session_id)
         assert self._gate is not None
-        return self._gate.admit_nowait(channel, system_prompt, sampling, log, pin_system_prompt)
+        return self._prefill_soon(self._gate.admit_nowait(channel, system_prompt, sampling, log, pin_system_prompt))
+
+    def _prefill_soon(self, slot: Slot) -> Slot:
+        if slot.prefill:  # TimingConfig.prompt_at_open: the tick loop prefills the prompt now, not with a frame
+            assert self._loop is not None
+            self._loop.wake()
+            self._loop.ensure_running(self._tg)
+        return slot
 
     def _check_serving(self, session_id: int) -> None:
         if self._failure is not None:

@@ -13,7 +13,9 @@ __all__ = ["demo_engine"]
 # every first turn, system prompt included, over three ticks: a frame at least 3 periods late).
 # The default watchdog suits a shared CPU: a step is called stuck only after 5 s
 # (ReliabilityConfig.watchdog_floor), and a sound step here takes well under one.
-DEMO_TIMING = TimingConfig(period=0.08)
+# The system prompt is prefilled as the call opens (prompt_at_open), so a caller's first turn
+# carries only its own words and fits one tick like the later ones.
+DEMO_TIMING = TimingConfig(period=0.08, prompt_at_open=True)
 
 
 def demo_engine(*, window: int = 256, sinks: int = 4) -> Engine:
