@@ -38,10 +38,12 @@ BEFORE = "7bbc219"  # the last commit before the one-pass CPU attention (two pas
 def serve_ticks(spec: dict[str, Any]) -> None:
     """One engine, driven line by line on stdin (runs in its own process; answers on stdout as ``@@ ...``).
 
-    ``open N``: open N sessions and give each the prompt; ``tick T``: every session appends
-    tick T's frame and decodes one token, answered with the seconds it took; ``free``: close
-    the sessions; ``quit``. The driver alternates the engines tick by tick, so each
-    configuration sees the same load on a shared machine.
+    ``open N``: open N sessions and give each the prompt; ``open-contexts C1,C2,...``: one
+    session per length, each given a prompt of that many tokens (none for 0); ``tick T [F]``:
+    every session appends tick T's frame (``F`` tokens, else the spec's) and decodes one
+    token, answered with the seconds it took; ``free``: close the sessions; ``quit``. The
+    driver alternates the engines tick by tick, so each configuration sees the same load on a
+    shared machine.
     """
     from metronome_engine import KVPolicy, StepRequest
     from metronome_engine.vllm_backend import VLLMEngineCore
@@ -67,15 +69,18 @@ def serve_ticks(spec: dict[str, Any]) -> None:
         ids: list[int] = []
         for line in sys.stdin:
             command, _, arg = line.strip().partition(" ")
-            if command == "open":
-                ids = [core.add_sequence() for _ in range(int(arg))]
-                prompt = [(11 * k) % 1000 + 10 for k in range(spec["prompt"])]
-                core.step([StepRequest(sid, prompt) for sid in ids])
+            if command in ("open", "open-contexts"):
+                lengths = [spec["prompt"]] * int(arg) if command == "open" else [int(c) for c in arg.split(",")]
+                ids = [core.add_sequence() for _ in lengths]
+                prompts = [[(11 * k) % 1000 + 10 for k in range(n)] for n in lengths]
+                if any(lengths):
+                    core.step([StepRequest(sid, p) for sid, p in zip(ids, prompts, strict=True) if p])
                 print("@@ opened", flush=True)
             elif command == "tick":
-                t = int(arg)
+                t_arg, _, f_arg = arg.partition(" ")
+                t, width = int(t_arg), int(f_arg or frame)
                 reqs = [
-                    StepRequest(sid, [(t * 13 + i + k) % 1000 + 10 for k in range(frame)]) for i, sid in enumerate(ids)
+                    StepRequest(sid, [(t * 13 + i + k) % 1000 + 10 for k in range(width)]) for i, sid in enumerate(ids)
                 ]
                 t0 = time.perf_counter()
                 outs = core.step(reqs)
@@ -108,15 +113,22 @@ def _baseline_tree(ref: str, into: Path) -> Path:
 
 
 class _Worker:
-    """A ``serve_ticks`` process beside whichever ``metronome_engine`` its PYTHONPATH puts first."""
+    """A ``serve_ticks`` process beside whichever ``metronome_engine`` its PYTHONPATH puts first, run
+    by ``python`` (another venv's interpreter: vLLM's) or this one, with ``env_extra`` set."""
 
-    def __init__(self, spec: dict[str, Any], pythonpath: str | None) -> None:
-        env = dict(os.environ)
+    def __init__(
+        self,
+        spec: dict[str, Any],
+        pythonpath: str | None,
+        python: str | None = None,
+        env_extra: dict[str, str] | None = None,
+    ) -> None:
+        env = {**os.environ, **(env_extra or {})}
         if pythonpath is not None:
             env["PYTHONPATH"] = pythonpath + os.pathsep + env.get("PYTHONPATH", "")
         # this file's serve_ticks, run against the backend on that path
         code = "import json, runpy, sys; runpy.run_path(sys.argv[1])['serve_ticks'](json.loads(sys.argv[2]))"
-        argv = [sys.executable, "-c", code, __file__, json.dumps(spec)]
+        argv = [python or sys.executable, "-c", code, __file__, json.dumps(spec)]
         self.label = str(spec["label"])
         self._log = tempfile.TemporaryFile(mode="w+")  # noqa: SIM115 (closed by close())
         self._proc = subprocess.Popen(

