@@ -27,7 +27,7 @@ from metronome_sdk.voice import PiperTTS, VoiceAgent, WhisperSTT, default_turn_d
 async def main(question: str, out: str) -> None:
     tts, stt = PiperTTS(), WhisperSTT()  # Piper runs as its own process (it is GPL): close it after
     caller, rate = tts.synthesize(question)  # the caller's voice: any 16-bit mono PCM works
-    timing = metronome.TimingConfig(max_chunk_tokens=16)  # short prefill steps on a CPU
+    timing = metronome.TimingConfig(prompt_at_open=True)  # the prompt prefilled as the session opens
     async with (
         metronome.Engine(timing=timing) as engine,
         engine.session("You are a helpful assistant. Answer in one sentence.") as session,

@@ -37,7 +37,7 @@ class Polite:
 
 async def main(port: int) -> None:
     engine_config = metronome.EngineConfig(kv="window", window=256, sinks=4)
-    timing = metronome.TimingConfig(period=0.08, max_chunk_tokens=16)  # short prefill steps on a CPU
+    timing = metronome.TimingConfig(period=0.08, prompt_at_open=True)  # the prompt prefilled as a call opens
     server_config = ServerConfig(
         port=port,  # binds 127.0.0.1 unless host= says otherwise
         token=os.environ.get("METRONOME_TOKEN"),

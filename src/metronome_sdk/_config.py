@@ -117,6 +117,12 @@ class TimingConfig:
 
     ``growth_window`` is how many seconds of ticks the growth rate ``r`` behind ``t_sat`` is
     measured over (docs/alerting.md shows the gauge's error against it).
+
+    ``prompt_at_open``: prefill each session's system prompt as soon as the session opens,
+    within the tick budget, instead of with its first frame; the first frame then carries
+    its own input (and the prompt's last token), so a turn that fits one tick is answered
+    in one tick, not after the prompt's ticks too. Off by default: a session that never
+    sends costs no step.
     """
 
     period: float = 0.080
@@ -126,8 +132,11 @@ class TimingConfig:
     tick_tokens: int | Literal["auto"] | None = "auto"
     step_share: float = 0.75
     growth_window: float = 5.0
+    prompt_at_open: bool = False
 
     def __post_init__(self) -> None:
+        if not isinstance(self.prompt_at_open, bool):
+            raise ValueError(f"prompt_at_open must be True or False, got {self.prompt_at_open!r}")
         _positive_float("period", self.period, "80 ms (period=0.08) is Moshi's 12.5 Hz frame rate")
         if self.deadline is not None:
             _positive_float("deadline", self.deadline, "leave it None to use the period")

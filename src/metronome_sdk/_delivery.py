@@ -230,15 +230,21 @@ class Delivery:
         slot.log.warning("session.stalled", reason=reason.value, frame=pending.index)
         self.push(slot, pending.index, err)
 
-    def _break(self, slot: Slot, pending: Pending) -> None:
+    def prompt_broken(self, slot: Slot) -> None:
+        """Non-finite logits while the system prompt was prefilled ahead of any frame."""
+        self._break(slot, None)
+
+    def _break(self, slot: Slot, pending: Pending | None) -> None:
         """Non-finite logits: the session's state is corrupt. The core dropped it; end the session."""
         slot.seq_id = None  # the core freed the sequence (and scrubbed its blocks) already
         slot.num_blocks = 0
-        slot.log.error("session.broken", reason="numeric_fault", frame=pending.index)
+        index = pending.index if pending is not None else None
+        slot.log.error("session.broken", reason="numeric_fault", frame=index)
+        where = f"at frame {index}" if index is not None else "in its system prompt"
         self._end_session(
             slot,
             SessionBroken(
-                f"session {slot.session_id} is broken: its logits came out NaN or inf at frame {pending.index}, so "
+                f"session {slot.session_id} is broken: its logits came out NaN or inf {where}, so "
                 "its cache is corrupt; the engine dropped it and freed its blocks; open a new session",
                 session_id=slot.session_id,
                 reason="numeric_fault",

@@ -22,6 +22,7 @@ leaves its outputs unread is shed with ``LoadShed`` (or loses its oldest outputs
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable
 from types import TracebackType
@@ -217,7 +218,14 @@ class Engine:
             )
         shared = Shared(core=core, worker=self._worker, pool=pool, session_blocks=bound)
         encoder = InputEncoder(self._tokenizer, self.codec, core.config.vocab_size)
-        gate = Gate(shared, admitter, self._counters, encoder, max_chunk=self.timing.max_chunk_tokens)
+        gate = Gate(
+            shared,
+            admitter,
+            self._counters,
+            encoder,
+            max_chunk=self.timing.max_chunk_tokens,
+            prompt_at_open=self.timing.prompt_at_open,
+        )
         delivery = Delivery(
             counters=self._counters,
             timing=self.timing,
@@ -264,6 +272,19 @@ class Engine:
     @property
     def tokenizer(self) -> TextTokenizer | None:
         return self._tokenizer
+
+    @property
+    def next_tick(self) -> float | None:
+        """When the next tick may start, in ``anyio.current_time()``'s clock; ``None`` before the first tick.
+
+        Ticks come at most one per period and keep their phase, so a frame sent just after a
+        tick waits almost a period for the next one, and that wait counts in its latency. A
+        client whose next frame is ready early (a reply's next decode frame) sends it just
+        before this time, and its frame's latency is the step's, not the metronome's phase.
+        A time in the past means the next tick starts as soon as a frame comes.
+        """
+        loop = self._loop
+        return None if loop is None or not math.isfinite(loop.next_tick) else loop.next_tick
 
     @property
     def failure(self) -> EngineStalled | None:
@@ -392,7 +413,7 @@ class Engine:
         wait = self.admission_config.queue_timeout if timeout is None else timeout
         slot = await self._gate.wait(channel, system_prompt, sampling, log, wait, pin_system_prompt)
         self._check_serving(channel.session_id)  # the engine may have closed while the session waited
-        return slot
+        return self._prefill_soon(slot)
 
     def _admit_nowait(
         self,
@@ -410,7 +431,14 @@ class Engine:
             self._start_now(core, *self._sizes(core, self.timing.max_chunk_tokens))
         self._check_serving(channel.session_id)
         assert self._gate is not None
-        return self._gate.admit_nowait(channel, system_prompt, sampling, log, pin_system_prompt)
+        return self._prefill_soon(self._gate.admit_nowait(channel, system_prompt, sampling, log, pin_system_prompt))
+
+    def _prefill_soon(self, slot: Slot) -> Slot:
+        if slot.prefill:  # TimingConfig.prompt_at_open: the tick loop prefills the prompt now, not with a frame
+            assert self._loop is not None
+            self._loop.wake()
+            self._loop.ensure_running(self._tg)
+        return slot
 
     def _check_serving(self, session_id: int) -> None:
         if self._failure is not None:

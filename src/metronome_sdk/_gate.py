@@ -30,9 +30,17 @@ __all__: list[str] = []  # internal: Gate
 
 class Gate:
     def __init__(
-        self, shared: Shared, admitter: AIMDAdmitter, counters: Counters, encoder: InputEncoder, *, max_chunk: int
+        self,
+        shared: Shared,
+        admitter: AIMDAdmitter,
+        counters: Counters,
+        encoder: InputEncoder,
+        *,
+        max_chunk: int,
+        prompt_at_open: bool = False,
     ) -> None:
         self.shared = shared
+        self.prompt_at_open = prompt_at_open
         self.max_chunk = max_chunk
         self.admitter = admitter
         self.counters = counters
@@ -92,7 +100,10 @@ class Gate:
             return None
         slot = Slot(channel.session_id, channel, sampling, log, memory=memory, pinned_blocks=pinned_blocks)
         if system_prompt is not None:
-            slot.prefix = prefix
+            if self.prompt_at_open:  # the tick loop prefills all but its last token, which goes with the first frame
+                slot.prefill, slot.prefix = prefix[:-1], prefix[-1:]
+            else:
+                slot.prefix = prefix
             slot.rendered = True
         shared.slots[slot.session_id] = slot
         self.counters.session_admitted(len(shared.slots))

@@ -26,6 +26,7 @@ class Slot:
     sampling: SamplingParams | None
     log: Any  # the session's bound logger
     prefix: list[int] = field(default_factory=list)  # the system prompt, appended with the first frame
+    prefill: list[int] = field(default_factory=list)  # the system prompt, appended before it (prompt_at_open)
     rendered: bool = False  # the chat template's preamble was sent
     memory: ConversationMemory | None = None  # what its model still sees (docs/sessions.md)
     pinned_blocks: int = 0  # blocks the pinned prompt adds to the session's bound (the memory guard counts them)

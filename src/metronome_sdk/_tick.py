@@ -7,7 +7,12 @@ classifies what the step did for each frame (``_outcome.classify``), and applies
 (``_delivery.Delivery``). Ticks come at most one per ``TimingConfig.period``, keeping the
 metronome's phase. A step that runs past the watchdog's limit is judged slow (within its
 tokens' measured cost: load is shed) or stuck (its frames are answered at once);
-``max_failed_ticks`` failed ticks in a row shut the engine down.
+``max_failed_ticks`` failed ticks in a row shut the engine down. System prompts prefilled at
+open (``TimingConfig.prompt_at_open``) share the budget with frames (``_prompt.py``).
+
+Why this module is past 400 lines: one tick's phases (gather, dispatch, the watchdog's
+verdicts on that tick's step, apply) share its entries and the loop's pacing; each pure part
+already lives in its own module (``_budget``, ``_outcome``, ``_delivery``, ``_prompt``).
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ from ._dispatch import Work, WorkResult, run_tick_step
 from ._exceptions import StallReason
 from ._log import get_logger
 from ._outcome import Entry, StepFailed, classify
+from ._prompt import prompts_prefilled
 from ._signal import Signal
 from ._state import Shared, Slot
 from ._stats import TickReport
@@ -86,6 +92,7 @@ class TickLoop:
         self._stop_ids = stop_ids
         self.budget_now: int | None = None  # the last tick's budget
         self._waiting: list[int] = []  # sessions that waited on the last tick's budget
+        self._prefills: list[tuple[Slot, int]] = []  # this tick's system prompts prefilled ahead (prompt_at_open)
         self._room = room
         self._free = free
         self._fail = fail
@@ -108,6 +115,11 @@ class TickLoop:
     def running(self) -> bool:
         return self._running
 
+    @property
+    def next_tick(self) -> float:
+        """When (``anyio.current_time()``) the next tick may start: the metronome's phase (``-inf`` before any)."""
+        return self._next_tick
+
     async def stopped(self) -> None:
         """Wait until the loop has stopped (the tick in flight finished, or was abandoned)."""
         while self._running:
@@ -129,7 +141,7 @@ class TickLoop:
         self._asyncio_task = loop.create_task(self.run())
 
     def _has_work(self) -> bool:
-        return any(s.channel.inputs for s in self.shared.slots.values())
+        return any(s.channel.inputs or s.prefill for s in self.shared.slots.values())
 
     async def run(self) -> None:
         try:
@@ -157,9 +169,14 @@ class TickLoop:
     def gather(self) -> list[Entry]:
         """This tick's chunk of every session with input, within the tick's token budget."""
         heads: dict[int, tuple[Slot, list[int]]] = {}
+        prefills: dict[int, Slot] = {}
         demands = []
         for slot in self.shared.slots.values():
             channel = slot.channel
+            if slot.prefill:  # its system prompt goes in first: its frames wait until it has
+                prefills[slot.session_id] = slot
+                demands.append(Demand(slot.session_id, len(slot.prefill), 1, False, slot.waited))
+                continue
             if not channel.inputs:
                 continue
             head = [slot.feedback[0]] if slot.feedback is not None else []
@@ -183,6 +200,13 @@ class TickLoop:
         plan = plan_tick(demands, budget=self.budget_now, max_chunk=self.timing.max_chunk_tokens, step_cost=step_cost)
         entries = []
         self._waiting = []
+        self._prefills = []
+        for sid, slot in prefills.items():
+            if plan[sid].chunk == 0:
+                slot.waited += 1
+                continue
+            slot.waited = 0
+            self._prefills.append((slot, plan[sid].chunk))
         for sid, (slot, head) in heads.items():
             grant = plan[sid]
             if grant.chunk == 0:  # waits on the budget this tick: counted, and first in line soon
@@ -202,7 +226,8 @@ class TickLoop:
 
     async def tick(self) -> None:
         entries = self.gather()
-        if not entries:
+        prefills = self._prefills
+        if not entries and not prefills:
             return
         start, period = anyio.current_time(), self.timing.period
         # keep the metronome's phase unless a whole period was lost (idle, or a slow step)
@@ -212,16 +237,19 @@ class TickLoop:
             e.slot.in_tick = e.pending.in_tick = True
             # several tokens decoded in the tick: interrupt() stops the rounds and counts those begun
             e.pending.rounds = DecodeRounds() if e.finishes and e.decode > 1 else None
+        for slot, _ in prefills:
+            slot.in_tick = True
         try:
             work = [
                 Work(e.slot.seq_id, e.slot.sampling, e.tokens, e.finishes, e.decode, e.slot.pinned, e.pending.rounds)
                 for e in entries
             ]
+            work += [Work(s.seq_id, s.sampling, s.prefill[:n], False, 0, s.pinned) for s, n in prefills]
             job = self.shared.worker.submit(
                 run_tick_step, self.shared.core, work, self.reliability.step_retries, self._stop_ids
             )
             limit = max(self.reliability.watchdog * self.timing.frame_deadline, self.reliability.watchdog_floor)
-            expected = self._expected_seconds(entries)
+            expected = self._expected_seconds(entries, sum(n for _, n in prefills))
             stuck = 0
             worker = self.shared.worker
             cpu0 = last_cpu = worker.cpu_seconds()
@@ -258,10 +286,13 @@ class TickLoop:
             result = job.outcome()
             self.shared.pool = result.pool
             self.counters.pool(result.pool)
+            prompts_prefilled(prefills, result, len(entries), self.delivery)
             self._apply(entries, result, self._clock())
         finally:
             for e in entries:
                 e.slot.in_tick = e.pending.in_tick = False
+            for slot, _ in prefills:
+                slot.in_tick = False
             self.tick_finished.fire()
         ended, self.to_free = self.to_free, []
         for slot in ended:
@@ -311,12 +342,12 @@ class TickLoop:
 
     # the watchdog --------------------------------------------------------------------------------
 
-    def _expected_seconds(self, entries: list[Entry]) -> float | None:
+    def _expected_seconds(self, entries: list[Entry], prefill: int = 0) -> float | None:
         """What this tick's step should take at the slowest rate measured (``None``: nothing measured)."""
         cost = self.cost
         if not cost.ready:
             return None
-        tokens = sum(len(e.tokens) + max(0, e.decode - 1) for e in entries)
+        tokens = prefill + sum(len(e.tokens) + max(0, e.decode - 1) for e in entries)
         rounds = max((e.decode - 1 for e in entries), default=0)
         return (cost.seconds(tokens) + rounds * cost.fixed) * cost.slowest()
 

@@ -38,8 +38,10 @@ def test_group_linear_matches_the_dequantized_product(ops: Any, q4: bool, n: int
     blocks = random_blocks(n, k, q4=q4)
     weight = blocks.dequantize().double()
     groups = pack_groups(blocks)
-    # passes of 8, 4, 2 and 1 rows, and their remainders
-    for rows in (1, 2, 3, 4, 7, 8, 15, 33):
+    # up to 3 rows passes of 2 and 1 rows; from 4 rows the panels: whole tiles of 4 rows
+    # and a partial one, panels of 24 columns and a partial one, chunks of 192 k and a
+    # partial one
+    for rows in (1, 2, 3, 4, 7, 8, 15, 33, 64):
         x, residual = torch.randn(rows, k), torch.randn(rows, n)
         for res in (None, residual):
             out = ops.group_linear(x, groups, n, res)
@@ -48,9 +50,10 @@ def test_group_linear_matches_the_dequantized_product(ops: Any, q4: bool, n: int
             assert torch.equal(ops.linear(x, groups, torch.empty(0), torch.empty(0), n, res), out)
 
 
-def test_group_linear_gives_the_same_bits_on_any_thread_count(ops: Any) -> None:
+@pytest.mark.parametrize("rows", [3, 40])  # passes, panels
+def test_group_linear_gives_the_same_bits_on_any_thread_count(ops: Any, rows: int) -> None:
     groups = pack_groups(random_blocks(1000, 576, q4=True))
-    x = torch.randn(9, 576)
+    x = torch.randn(rows, 576)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
@@ -61,13 +64,14 @@ def test_group_linear_gives_the_same_bits_on_any_thread_count(ops: Any) -> None:
         torch.set_num_threads(threads)
 
 
-def test_a_nan_row_stays_in_its_row(ops: Any) -> None:
+@pytest.mark.parametrize("rows", [3, 37])  # passes, panels
+def test_a_nan_row_stays_in_its_row(ops: Any, rows: int) -> None:
     groups = pack_groups(random_blocks(48, 64, q4=True))
-    x = torch.randn(11, 64)
-    x[3, 7] = float("nan")
+    x = torch.randn(rows, 64)
+    x[1, 7] = float("nan")
     out = ops.group_linear(x, groups, 48, None)
-    assert out[3].isnan().all()
-    assert out[torch.arange(11) != 3].isfinite().all()
+    assert out[1].isnan().all()
+    assert out[torch.arange(rows) != 1].isfinite().all()
 
 
 def test_group_linear_refuses_mismatched_input(ops: Any) -> None:

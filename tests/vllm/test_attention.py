@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 from vllm.v1.kv_cache_interface import KVCacheLayout
 
+from metronome_engine.vllm_backend import native
 from metronome_engine.vllm_backend.attention import (
     WindowTiles,
     sink_pass,
@@ -124,7 +125,7 @@ class _Impl:
         self.window, self.sink_tokens, self.scale = window, sinks, 1.0 / math.sqrt(HEAD)
 
 
-@pytest.mark.parametrize("scheme", ["one pass", "two passes"])
+@pytest.mark.parametrize("scheme", ["kernel", "kernel rotating", "one pass", "two passes"])
 @pytest.mark.parametrize("layout", list(LAYOUTS), ids=list(LAYOUTS))
 @pytest.mark.parametrize(("window", "sinks", "block_size"), [(8, 4, 4), (24, 4, 8), (24, 0, 8), (13, 1, 4), (16, 7, 4)])
 def test_batched_attention_equals_dense_reference(
@@ -154,7 +155,31 @@ def test_batched_attention_equals_dense_reference(
         dtype=torch.float32,
     )
     scale = 1.0 / math.sqrt(HEAD)
-    if one_pass:  # the sinks relocated per query with the same RoPE the keys were cached with
+    if scheme.startswith("kernel"):  # the CPU kernel: the cache read in place
+        assert native.available(), "the sinks + window CPU kernel did not build"
+        # given the query at both rotations, or rotating it back to its in-cache position itself
+        rotating = scheme == "kernel rotating"
+        half = HEAD // 2
+        inv = 1.0 / THETA ** (torch.arange(0, half, dtype=torch.float64) / half)
+        ang = torch.arange(int(seq_lens.max()), dtype=torch.float64)[:, None] * inv[None, :]
+        rope_table = torch.cat((ang.cos(), ang.sin()), dim=-1).float()
+        got = torch.full((n, HEADS, HEAD), float("nan"))
+        table = step["table"]
+        assert isinstance(table, Tensor)
+        native.sink_window_attention(
+            q,
+            None if rotating else q if q_sink is None else q_sink,
+            cache,
+            table,
+            qsl,
+            seq_lens,
+            got,
+            window=window,
+            sinks=sinks,
+            scale=scale,
+            rope_table=rope_table if rotating else None,
+        )
+    elif one_pass:  # the sinks relocated per query with the same RoPE the keys were cached with
         got, _ = sink_window_attention(q, cache, tiles, scale=scale, rotate=lambda at, x: rope(x, at))
     else:
         md = SinkWindowTorchMetadata(n, qsl, seq_lens, step["table"], step["slots"], tiles)  # type: ignore[arg-type]

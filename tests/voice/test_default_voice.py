@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -52,6 +53,22 @@ def test_piper_runs_as_its_own_process_and_close_ends_it() -> None:
     tts.close()
     assert pcm.size > 0
     assert tts.synthesize("  \n ")[0].size == 0  # nothing to say, no process needed
+
+
+def test_piper_runs_below_this_process_priority() -> None:
+    # its ONNX threads spin between sentences: niced, they yield the engine's core
+    own = os.getpriority(os.PRIO_PROCESS, 0)
+    with PiperTTS() as tts, PiperTTS(nice=0) as same:
+        assert tts.pid is None  # not started yet
+        tts.load()
+        same.load()
+        assert tts.pid is not None and same.pid is not None
+        assert os.getpriority(os.PRIO_PROCESS, tts.pid) == min(19, own + 10)
+        assert os.getpriority(os.PRIO_PROCESS, same.pid) == own
+    assert tts.pid is None
+    for bad in (-1, 20, 2.5, True):
+        with pytest.raises(ValueError, match="nice"):
+            PiperTTS(nice=bad)  # type: ignore[arg-type]
 
 
 def test_the_voices_name_the_fix_when_a_piece_is_missing(tmp_path: object) -> None:

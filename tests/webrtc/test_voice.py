@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import shutil
 import time
 from fractions import Fraction
+from typing import Any
 
 import anyio
 import numpy as np
@@ -13,7 +15,8 @@ import pytest
 from aiortc.mediastreams import MediaStreamError
 
 from metronome_engine import KVPolicy
-from metronome_sdk import CacheExhausted, EngineStalled
+from metronome_sdk import CacheExhausted, EngineStalled, OutputFrame, Session, TimingConfig
+from metronome_sdk._session import FrameLike
 from metronome_sdk.transports import MemoryTransport, Transport
 from metronome_sdk.voice import EspeakTTS, PocketSphinxSTT, VoiceActivityDetector, VoiceAgent
 from metronome_sdk.webrtc import ReplyAudioTrack, WebRTCPeer
@@ -110,6 +113,66 @@ async def test_a_voice_agent_answers_a_turn_through_the_memory_transport() -> No
     assert speech and np.abs(speech[0]).max() > 1000
     stats = [e for e in events if e["type"] == "stats"]
     assert stats and stats[0]["pool_blocks"] == 64 and stats[0]["limit"] >= 1
+
+
+class BeatSession(Session):
+    """A session that notes, as each frame is sent, the time and when the engine's next tick may start."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.sent: list[tuple[float, float | None]] = []
+
+    async def step(self, frame: FrameLike = None) -> OutputFrame:
+        assert self.engine is not None
+        self.sent.append((anyio.current_time(), self.engine.next_tick))
+        return await super().step(frame)
+
+
+@pytest.mark.parametrize("beat_lead", [0.01, None])
+async def test_a_voice_agent_sends_each_reply_frame_just_before_the_tick_that_takes_it(beat_lead: float | None) -> None:
+    # a long period: a frame sent at once after the last output waits most of it for the next tick
+    period = 0.3
+    engine = make_engine(timing=TimingConfig(period=period, deadline=60.0, max_chunk_tokens=64))
+    await engine.start()
+    assert engine.next_tick is None  # no tick yet
+    try:
+        async with BeatSession("be brief", engine=engine) as session, MemoryTransport() as transport:
+            agent = VoiceAgent(
+                session, transport, stt=FixedSTT("hi"), tts=ToneTTS(), max_reply_tokens=4, beat_lead=beat_lead
+            )
+
+            async def read() -> None:
+                async for event in transport.events():
+                    if event["type"] == "transcript" and event["role"] == "assistant" and event["final"]:
+                        transport.hang_up()
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(read)
+                await transport.push_audio(np.concatenate([_tone(0.6), _quiet(1.0)]), RATE)
+                with anyio.fail_after(20):
+                    await agent.run()
+                await transport.aclose()
+    finally:
+        await engine.aclose()
+    replies = session.sent[1:]  # the turn's first frame follows the transcription, not a tick
+    assert len(replies) >= 2 and all(tick is not None for _, tick in replies)
+    early = [tick - now for now, tick in replies if tick is not None]
+    if beat_lead is not None:  # never sent sooner than beat_lead before the tick (the clock's resolution aside)
+        assert all(e <= beat_lead + 1e-3 for e in early), early
+    else:  # sent at once: each waited most of a period for the tick
+        assert all(e > period / 2 for e in early), early
+
+
+async def test_a_voice_agent_refuses_a_bad_beat_lead() -> None:
+    engine = make_engine()
+    await engine.start()
+    try:
+        async with engine.session() as session, MemoryTransport() as transport:
+            for bad in (-0.01, 1.5, math.nan):
+                with pytest.raises(ValueError, match="beat_lead"):
+                    VoiceAgent(session, transport, stt=FixedSTT(), tts=ToneTTS(), beat_lead=bad)
+    finally:
+        await engine.aclose()
 
 
 async def test_a_voice_agent_reports_a_stall_then_hangs_up() -> None:

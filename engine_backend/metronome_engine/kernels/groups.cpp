@@ -1,5 +1,5 @@
 // Dense layers read straight from 4- and 8-bit blocks (GGUF Q4_1 / Q8_0) on the vector
-// unit, for steps of few rows.
+// unit: steps of few rows (passes over the blocks) and of many (panels, below).
 //
 // Why: a decode step of one to a few sessions reads every weight once and does little
 // arithmetic with it, so its dense layers take as long as their weights take to arrive
@@ -11,9 +11,12 @@
 // products are summed in float32. Results agree with a float32 GEMM on the de-quantized
 // weights to float32 rounding (another order of the sums), not bit for bit.
 //
-// Register blocking for AVX2's 16 registers of 8 floats: a pass holds eight 8-lane sums,
-// R rows x C columns (see group_pass); each 32-k block of a column is widened once per
-// pass and used by its R rows.
+// Few rows (a decode step of one to three sessions), register blocking for AVX2's 16
+// registers of 8 floats: a pass holds eight 8-lane sums, R rows x C columns (see
+// group_pass); each 32-k block of a column is widened once per pass and used by its R rows.
+// More rows (decode of 4+ sessions, prefill chunks) wait on FMAs, not on the weights:
+// there each weight is widened once for all rows into a float32 panel and an outer-product
+// microkernel runs over it (see panel_rows).
 
 #include "groups.h"
 
@@ -39,10 +42,6 @@ constexpr int64_t kBlock = 32;  // k per block
 constexpr int64_t kGroup = 4;   // output columns per record
 constexpr int64_t kQ4Record = kGroup * 16 + kGroup * 2 * 2;  // nibbles, f16 scales, f16 offsets
 constexpr int64_t kQ8Record = kGroup * 32 + kGroup * 2;      // int8, f16 scales
-#ifndef METRONOME_GROUP_ROWS
-#define METRONOME_GROUP_ROWS 8
-#endif
-constexpr int kMaxRows = METRONOME_GROUP_ROWS;  // rows per pass
 
 struct GroupArgs {
   const float* x;
@@ -133,7 +132,211 @@ void group_pass(const GroupArgs& a, int64_t g, int c0, int64_t r0) {
     for (int64_t c = 0; c < cols; ++c) a.out[at + c] = a.residual != nullptr ? v[c] + a.residual[at + c] : v[c];
   }
 }
-#else
+
+// Many rows (a batch of sessions, a prefill chunk): the step waits on FMAs, not on the
+// weights, so each weight is widened once for all rows, not once per pass of 8. A panel of
+// kPanelGroups groups (8 * NV columns) is widened, over all of K, into a float32 panel
+// [K][8 * NV] (L1/L2-resident: 36 KB at K = 576), transposed so that a row of it is
+// 8 * NV consecutive columns; then every tile of R rows runs an outer-product microkernel
+// over it: per k, NV weight vectors, R broadcasts of x[r, k], R * NV FMAs into R * NV sums.
+// R = 4, NV = 3 holds 12 sums + 3 weights + 1 broadcast in the 16 registers. Each output
+// is one sum along k in order, so the bits do not depend on the thread count.
+constexpr int kPanelNV = 3;                          // 8-float vectors per panel row
+constexpr int64_t kPanelCols = 8 * kPanelNV;         // columns per panel
+constexpr int64_t kPanelGroups = kPanelCols / kGroup;
+constexpr int kTileRows = 4;                          // rows per microkernel tile
+constexpr int64_t kChunk = 192;                       // k per widened chunk (a multiple of 32)
+alignas(64) constexpr uint8_t kZeroRecord[kQ8Record] = {};  // columns past N: zero weights
+// From 4 rows on the panels win (one thread, CPU time, weights from memory, the dense
+// layers of a step: 2 rows 1.05x the passes' time, 4 rows 0.89x, 8 rows 0.80x, 32 rows
+// 0.61x; scripts/bench_group_linear.py)
+constexpr int64_t kPanelMinRows = 4;
+
+// Eight columns' 16 bytes (c[0..7]) -> 16 rows of 8 bytes (byte j of each column), two
+// rows a vector: out[i] holds rows 2i (low half) and 2i + 1 (high half). The weights are
+// transposed as bytes, before they are widened, where a float transpose would cost
+// eight shuffles and eight stores for every 32 weights.
+inline void transpose_bytes(const __m128i c[8], __m128i out[8]) {
+  __m128i t[8], u[8];
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    t[2 * i] = _mm_unpacklo_epi8(c[2 * i], c[2 * i + 1]);      // bytes 0-7 of columns 2i, 2i+1
+    t[2 * i + 1] = _mm_unpackhi_epi8(c[2 * i], c[2 * i + 1]);  // bytes 8-15
+  }
+#pragma GCC unroll 2
+  for (int h = 0; h < 2; ++h) {  // columns 0-3, then 4-7: 4 bytes a row
+    u[4 * h + 0] = _mm_unpacklo_epi16(t[4 * h + 0], t[4 * h + 2]);  // rows 0-3
+    u[4 * h + 1] = _mm_unpackhi_epi16(t[4 * h + 0], t[4 * h + 2]);  // rows 4-7
+    u[4 * h + 2] = _mm_unpacklo_epi16(t[4 * h + 1], t[4 * h + 3]);  // rows 8-11
+    u[4 * h + 3] = _mm_unpackhi_epi16(t[4 * h + 1], t[4 * h + 3]);  // rows 12-15
+  }
+#pragma GCC unroll 4
+  for (int i = 0; i < 4; ++i) {
+    out[2 * i] = _mm_unpacklo_epi32(u[i], u[4 + i]);
+    out[2 * i + 1] = _mm_unpackhi_epi32(u[i], u[4 + i]);
+  }
+}
+
+// Widened weights of 8 columns at one k, into a panel row: W = scale * q + offset, as
+// group_pass computes it (bit for bit the loader's weight).
+inline void store_row(float* dst, __m256i q, __m256 s, __m256 o, bool offset) {
+  const __m256 f = _mm256_cvtepi32_ps(q);
+  _mm256_store_ps(dst, offset ? _mm256_fmadd_ps(f, s, o) : _mm256_mul_ps(f, s));
+}
+
+// Two groups' blocks b0 .. b0 + blocks - 1 (ga, gb: their first records; a group past the
+// last one reads a zero record, stride 0) into panel columns 8 * octet .. 8 * octet + 7.
+template <bool Q4>
+void widen_octet(const GroupArgs& a, const uint8_t* ga, const uint8_t* gb, int64_t stride_b, int64_t blocks,
+                 float* panel, int octet) {
+  const __m256i low = _mm256_set1_epi32(0x0F);
+  for (int64_t b = 0; b < blocks; ++b, ga += a.record, gb += stride_b) {
+    float* dst = panel + b * kBlock * kPanelCols + 8 * octet;
+    constexpr int64_t kq = Q4 ? 16 : 32;  // bytes a column
+    auto halves = [&](int64_t at) {
+      return _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ga + at)),
+                                                _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + at))));
+    };
+    const __m256 s = halves(kGroup * kq);
+    const __m256 o = Q4 ? halves(kGroup * kq + 8) : _mm256_setzero_ps();
+#pragma GCC unroll 2
+    for (int part = 0; part < (Q4 ? 1 : 2); ++part) {  // Q8: k 0-15, then 16-31
+      __m128i c[8], rows[8];
+#pragma GCC unroll 4
+      for (int i = 0; i < kGroup; ++i) {
+        c[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ga + kq * i + 16 * part));
+        c[kGroup + i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kq * i + 16 * part));
+      }
+      transpose_bytes(c, rows);
+#pragma GCC unroll 8
+      for (int i = 0; i < 8; ++i) {
+#pragma GCC unroll 2
+        for (int h = 0; h < 2; ++h) {
+          const int j = 2 * i + h;  // byte j of each column
+          const __m128i bytes = h == 0 ? rows[i] : _mm_unpackhi_epi64(rows[i], rows[i]);
+          if constexpr (Q4) {  // byte j: k = j (low nibble) and j + 16 (high)
+            const __m256i q = _mm256_cvtepu8_epi32(bytes);
+            store_row(dst + j * kPanelCols, _mm256_and_si256(q, low), s, o, true);
+            store_row(dst + (j + 16) * kPanelCols, _mm256_srli_epi32(q, 4), s, o, true);
+          } else {
+            store_row(dst + (16 * part + j) * kPanelCols, _mm256_cvtepi8_epi32(bytes), s, o, false);
+          }
+        }
+      }
+    }
+  }
+}
+
+// One tile: 4 rows (xt: [kc][4], the rows interleaved, so that a k's four broadcasts are
+// one cache line's neighbours) by the panel's 24 columns over one chunk of k; `rows` of
+// the 4 and `cols` of the 24 are real. The first chunk stores its sums, later ones add.
+void panel_tile(const GroupArgs& a, const float* panel, const float* xt, int64_t kc, int64_t r0, int64_t rows,
+                int64_t col, int64_t cols, bool first, bool last) {
+  constexpr int R = kTileRows;
+  __m256 acc[R * kPanelNV];
+#pragma GCC unroll 16
+  for (int i = 0; i < R * kPanelNV; ++i) acc[i] = _mm256_setzero_ps();
+  const float* w = panel;
+#pragma GCC unroll 2
+  for (int64_t k = 0; k < kc; ++k, w += kPanelCols, xt += R) {
+    __m256 wv[kPanelNV];
+#pragma GCC unroll 4
+    for (int v = 0; v < kPanelNV; ++v) wv[v] = _mm256_load_ps(w + 8 * v);
+#pragma GCC unroll 8
+    for (int r = 0; r < R; ++r) {
+      const __m256 xb = _mm256_broadcast_ss(xt + r);
+#pragma GCC unroll 4
+      for (int v = 0; v < kPanelNV; ++v) acc[r * kPanelNV + v] = _mm256_fmadd_ps(xb, wv[v], acc[r * kPanelNV + v]);
+    }
+  }
+  const bool residual = last && a.residual != nullptr;
+  // unrolled with r a constant, so that the sums stay in registers (a loop to `rows` made
+  // GCC keep them on the stack, stored after every k)
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) {
+    if (r >= rows) break;
+    const int64_t at = (r0 + r) * a.n + col;
+    float* o = a.out + at;
+    if (cols == kPanelCols) {
+#pragma GCC unroll 4
+      for (int v = 0; v < kPanelNV; ++v) {
+        __m256 sum = acc[r * kPanelNV + v];
+        if (!first) sum = _mm256_add_ps(sum, _mm256_loadu_ps(o + 8 * v));
+        if (residual) sum = _mm256_add_ps(sum, _mm256_loadu_ps(a.residual + at + 8 * v));
+        _mm256_storeu_ps(o + 8 * v, sum);
+      }
+    } else {
+      alignas(32) float v[kPanelCols];
+#pragma GCC unroll 4
+      for (int i = 0; i < kPanelNV; ++i) _mm256_store_ps(v + 8 * i, acc[r * kPanelNV + i]);
+      for (int64_t c = 0; c < cols; ++c) {
+        float sum = first ? v[c] : v[c] + o[c];
+        o[c] = residual ? sum + a.residual[at + c] : sum;
+      }
+    }
+  }
+}
+
+// Panels lo .. hi - 1, chunk by chunk of k: each chunk widened once into the thread's
+// buffer (kChunk x 24 floats, 18 KB: L1), then every tile of rows over it.
+template <bool Q4>
+void panel_rows(const GroupArgs& a, const float* xt, int64_t lo, int64_t hi, float* panel) {
+  const int64_t G = (a.n + kGroup - 1) / kGroup;
+  const int64_t tiles = (a.M + kTileRows - 1) / kTileRows;
+  for (int64_t p = lo; p < hi; ++p) {
+    const int64_t col = p * kPanelCols;
+    const int64_t cols = std::min<int64_t>(kPanelCols, a.n - col);
+    for (int64_t k0 = 0; k0 < a.K; k0 += kChunk) {
+      const int64_t kc = std::min<int64_t>(kChunk, a.K - k0);
+      for (int octet = 0; octet < kPanelNV; ++octet) {
+        const int64_t g = p * kPanelGroups + 2 * octet;  // and g + 1
+        auto first = [&](int64_t group) { return a.groups + (group * a.nb + k0 / kBlock) * a.record; };
+        const uint8_t* ga = g < G ? first(g) : kZeroRecord;
+        const uint8_t* gb = g + 1 < G ? first(g + 1) : kZeroRecord;
+        const int64_t stride_b = g + 1 < G ? a.record : 0;
+        if (g < G) {
+          widen_octet<Q4>(a, ga, gb, stride_b, kc / kBlock, panel, octet);
+        } else {  // past the last group: zero columns, never stored
+          for (int64_t k = 0; k < kc; ++k) std::memset(panel + k * kPanelCols + 8 * octet, 0, 8 * sizeof(float));
+        }
+      }
+      // the next chunk's records, fetched while the tiles run (they come from memory)
+      const bool last_chunk = k0 + kc >= a.K;
+      if (!last_chunk || p + 1 < hi) {
+        const int64_t np = last_chunk ? p + 1 : p, nk = last_chunk ? 0 : k0 + kc;
+        const int64_t bytes = std::min<int64_t>(kChunk, a.K - nk) / kBlock * a.record;
+        for (int64_t g = np * kPanelGroups; g < std::min<int64_t>(G, (np + 1) * kPanelGroups); ++g) {
+          const char* rec = reinterpret_cast<const char*>(a.groups + (g * a.nb + nk / kBlock) * a.record);
+          for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(rec + at, _MM_HINT_T0);
+        }
+      }
+      for (int64_t t = 0; t < tiles; ++t) {
+        const int64_t r0 = t * kTileRows;
+        panel_tile(a, panel, xt + (t * a.K + k0) * kTileRows, kc, r0, std::min<int64_t>(kTileRows, a.M - r0), col,
+                   cols, k0 == 0, k0 + kc == a.K);
+      }
+    }
+  }
+}
+
+// x [M, K] as tiles of 4 rows, each [K][4] (rows past M: zero)
+void interleave_rows(const GroupArgs& a, float* xt) {
+  const int64_t tiles = (a.M + kTileRows - 1) / kTileRows;
+  for (int64_t t = 0; t < tiles; ++t) {
+    for (int r = 0; r < kTileRows; ++r) {
+      const int64_t row = t * kTileRows + r;
+      float* dst = xt + t * a.K * kTileRows + r;
+      if (row < a.M) {
+        const float* src = a.x + row * a.K;
+        for (int64_t k = 0; k < a.K; ++k) dst[k * kTileRows] = src[k];
+      } else {
+        for (int64_t k = 0; k < a.K; ++k) dst[k * kTileRows] = 0.f;
+      }
+    }
+  }
+}
+#endif
+#ifndef METRONOME_GROUPS_AVX2
 // Any other vector unit: plain loops (a fallback, not tuned)
 template <int R, int C, bool Q4>
 void group_pass(const GroupArgs& a, int64_t g, int c0, int64_t r0) {
@@ -172,7 +375,7 @@ void group_pass(const GroupArgs& a, int64_t g, int c0, int64_t r0) {
 #endif
 
 // Every row of group g: passes of 8 rows (one column at a time), then of 4, 2, 1 rows
-// (2, 4, 4 columns at a time): eight sums a pass.
+// (2, 4, 4 columns at a time): eight sums a pass. On AVX2 only 1 to 3 rows come here.
 template <int R, int C, bool Q4>
 int64_t group_passes(const GroupArgs& a, int64_t g, int64_t r0, int64_t rows) {
   for (; r0 + R <= rows; r0 += R) {
@@ -184,8 +387,10 @@ int64_t group_passes(const GroupArgs& a, int64_t g, int64_t r0, int64_t rows) {
 template <bool Q4>
 void group_rows(const GroupArgs& a, int64_t g) {
   int64_t r0 = 0;
-  if constexpr (kMaxRows >= 8) r0 = group_passes<8, 1, Q4>(a, g, r0, a.M);
-  if constexpr (kMaxRows >= 4) r0 = group_passes<4, 2, Q4>(a, g, r0, a.M);
+#ifndef METRONOME_GROUPS_AVX2  // on AVX2, 4 rows and more run on the panels
+  r0 = group_passes<8, 1, Q4>(a, g, r0, a.M);
+  r0 = group_passes<4, 2, Q4>(a, g, r0, a.M);
+#endif
   r0 = group_passes<2, 4, Q4>(a, g, r0, a.M);
   group_passes<1, 4, Q4>(a, g, r0, a.M);
 }
@@ -213,6 +418,23 @@ at::Tensor group_linear(const at::Tensor& x, const at::Tensor& groups, int64_t n
   const GroupArgs a{x.data_ptr<float>(), groups.data_ptr<uint8_t>(), rp, out.data_ptr<float>(), M, K, n, nb,
                     groups.size(2)};
   const bool q4 = a.record == kQ4Record;
+#ifdef METRONOME_GROUPS_AVX2
+  if (M >= kPanelMinRows) {
+    const int64_t panels = (n + kPanelCols - 1) / kPanelCols;
+    const int64_t tiles = (M + kTileRows - 1) / kTileRows;
+    auto xt = at::empty({tiles * K * kTileRows}, x.options());
+    interleave_rows(a, xt.data_ptr<float>());
+    at::parallel_for(0, panels, 1, [&](int64_t lo, int64_t hi) {
+      alignas(64) float panel[kChunk * kPanelCols];
+      if (q4) {
+        panel_rows<true>(a, xt.data_ptr<float>(), lo, hi, panel);
+      } else {
+        panel_rows<false>(a, xt.data_ptr<float>(), lo, hi, panel);
+      }
+    });
+    return out;
+  }
+#endif
   // each thread a contiguous run of groups: its weights are one stream from memory
   at::parallel_for(0, G, 16, [&](int64_t lo, int64_t hi) {
     for (int64_t g = lo; g < hi; ++g) {

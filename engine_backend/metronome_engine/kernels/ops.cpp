@@ -321,6 +321,79 @@ inline float vmax(vf v) { return hmax(v); }
 // each head scoring them with its own query vector (q + g * head_dim). Per head: the
 // query and the output accumulator stay in registers while the keys stream past, and
 // sixteen keys' scores are summed together (sum16), not one horizontal sum a key.
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+// AVX2: the same fold on 8-float registers. Written on the 16-float vectors above, GCC
+// kept sixteen keys' dot products (32 registers' worth, AVX2 has 16) and two sets of
+// output sums on the stack: in a decode step of 32 sessions this function was a quarter
+// of the step, most of it stores and loads of spilled registers. Here the dots are taken
+// eight keys at a time (eight sums, two FMA chains each) and folded by sum8, and the
+// output sums are 2 * NV registers, independent chains already.
+template <int NV>
+inline void fold_keys(const float* q, const float* k, const float* v, int64_t n, int64_t G, float scale,
+                      HeadsState& st) {
+  constexpr int64_t HD = kLanes * NV;
+  constexpr int W = HD / 8;  // 8-float registers a row
+  const vf lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  const __m256 scale8 = _mm256_set1_ps(scale);
+  for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
+    const int64_t m = std::min<int64_t>(kLanes, n - j0);
+    const float* kr = k + j0 * HD;
+    const float* vr = v + j0 * HD;
+    for (int64_t g = 0; g < G; ++g) {
+      const float* qg = q + g * HD;
+      alignas(32) float scores[kLanes];
+#pragma GCC unroll 2
+      for (int h = 0; h < 2; ++h) {
+        __m256 dots[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) {
+          const int64_t key = 8 * h + j;
+          if (key < m) {
+            const float* kj = kr + key * HD;
+            __m256 a = _mm256_mul_ps(_mm256_loadu_ps(qg), _mm256_loadu_ps(kj));
+            __m256 b = _mm256_mul_ps(_mm256_loadu_ps(qg + 8), _mm256_loadu_ps(kj + 8));
+#pragma GCC unroll 8
+            for (int c = 2; c < W; c += 2) {
+              a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * c), _mm256_loadu_ps(kj + 8 * c), a);
+              b = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * c + 8), _mm256_loadu_ps(kj + 8 * c + 8), b);
+            }
+            dots[j] = _mm256_add_ps(a, b);
+          } else {
+            dots[j] = _mm256_setzero_ps();
+          }
+        }
+        _mm256_store_ps(scores + 8 * h, _mm256_mul_ps(sum8(dots), scale8));
+      }
+      vf s = vload(scores);
+      s = lane < static_cast<float>(m) ? s : vsplat(-std::numeric_limits<float>::infinity());
+      const float m_old = st.max[g];
+      const float m_new = std::max(m_old, vmax(s));
+      // the running max rarely moves after the first keys: skip the exp when it stays
+      const float corr = m_old == m_new                                   ? 1.f
+                         : m_old == -std::numeric_limits<float>::infinity() ? 0.f
+                                                                            : fast_exp(m_old - m_new);
+      vf p = vexp(s - m_new);
+      p = lane < static_cast<float>(m) ? p : vsplat(0.f);
+      st.max[g] = m_new;
+      st.sum[g] = st.sum[g] * corr + hsum(p);
+      alignas(64) float weights[kLanes];
+      std::memcpy(weights, &p, sizeof(weights));
+      float* accp = st.acc + g * HD;
+      __m256 acc[W];
+      const __m256 c8 = _mm256_set1_ps(corr);
+#pragma GCC unroll 16
+      for (int c = 0; c < W; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(accp + 8 * c), c8);
+      for (int64_t j = 0; j < m; ++j) {
+        const __m256 pj = _mm256_set1_ps(weights[j]);
+#pragma GCC unroll 16
+        for (int c = 0; c < W; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + j * HD + 8 * c), acc[c]);
+      }
+#pragma GCC unroll 16
+      for (int c = 0; c < W; ++c) _mm256_storeu_ps(accp + 8 * c, acc[c]);
+    }
+  }
+}
+#else
 template <int NV>
 inline void fold_keys(const float* q, const float* k, const float* v, int64_t n, int64_t G, float scale,
                       HeadsState& st) {
@@ -377,6 +450,7 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
     }
   }
 }
+#endif
 
 // Any other head size: plain loops.
 inline void fold_keys_any(const float* q, const float* k, const float* v, int64_t n, int64_t G, int64_t hd,

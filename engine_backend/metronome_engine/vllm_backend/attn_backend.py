@@ -4,7 +4,8 @@ The layers call vLLM's ``unified_attention_with_output`` custom op like any atte
 so vLLM's compilation and CUDA graphs treat them as it treats its own; the op calls the
 ``forward`` of the backend's implementation below. Two backends, one scheme (``attention.py``):
 
-- ``SinkWindowTorchBackend`` (any device; the CPU's): one fused pass
+- ``SinkWindowTorchBackend`` (any device; on CPU where ``cpu_backend``'s C++ kernel does not
+  serve the layer: not float32, or no compiler): one fused pass
   (``attention.sink_window_attention``): each tile of queries gathers its sink blocks and
   window span once, relocates the sinks per query row with the model's RoPE (so the query
   rotated at its stream index scores them as at its in-cache position), and runs torch's
@@ -26,7 +27,7 @@ the query rotated at its stream index (heads ``:H``) and at its in-cache positio
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor
@@ -128,7 +129,12 @@ class SinkWindowTorchBuilder(AttentionMetadataBuilder[SinkWindowTorchMetadata]):
         )
 
 
-class SinkWindowTorchImpl(AttentionImpl[SinkWindowTorchMetadata]):  # type: ignore[misc]
+M = TypeVar("M")
+
+
+class SinkWindowImpl(AttentionImpl[M], Generic[M]):  # type: ignore[misc]
+    """What the CPU backends share: the layer's settings and the cache write."""
+
     def __init__(
         self,
         num_heads: int,
@@ -158,6 +164,13 @@ class SinkWindowTorchImpl(AttentionImpl[SinkWindowTorchMetadata]):  # type: igno
         self.attn_type = attn_type
         self.rotate: Rotate | None = None  # the model's RoPE, set by model.swap_attention_layers
 
+    def do_kv_cache_update(
+        self, layer: Any, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor
+    ) -> None:
+        write_kv(kv_cache, key, value, slot_mapping)
+
+
+class SinkWindowTorchImpl(SinkWindowImpl[SinkWindowTorchMetadata]):
     def forward(
         self,
         layer: Any,
@@ -179,11 +192,6 @@ class SinkWindowTorchImpl(AttentionImpl[SinkWindowTorchMetadata]):  # type: igno
         out, _ = sink_window_attention(query[:n], kv_cache, md.tiles, scale=self.scale, rotate=self.rotate)
         output[:n].copy_(out)
         return output
-
-    def do_kv_cache_update(
-        self, layer: Any, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor
-    ) -> None:
-        write_kv(kv_cache, key, value, slot_mapping)
 
 
 class SinkWindowTorchBackend(AttentionBackend):  # type: ignore[misc]
@@ -300,12 +308,18 @@ def SinkWindowFlashBackend() -> type[AttentionBackend]:
     return _flash
 
 
-def select_backend() -> type[AttentionBackend]:
-    """FlashAttention's kernel for the window on CUDA, the torch window pass elsewhere."""
+def select_backend(head_size: int, dtype: torch.dtype, kv_cache_dtype: str) -> type[AttentionBackend]:
+    """FlashAttention's kernel for the window on CUDA; on CPU the C++ kernel reading the cache in
+    place where it serves the layer (float32, see ``cpu_backend``); the torch pass elsewhere."""
     from vllm.platforms import current_platform
 
     if current_platform.is_cuda():
         return SinkWindowFlashBackend()
+    if current_platform.is_cpu():
+        from .cpu_backend import SinkWindowCpuBackend, usable
+
+        if usable(head_size, dtype, kv_cache_dtype):
+            return SinkWindowCpuBackend
     return SinkWindowTorchBackend
 
 
@@ -315,6 +329,7 @@ def register_backends() -> None:
 
     for name, path in (
         (TORCH_BACKEND_NAME, f"{__name__}.SinkWindowTorchBackend"),
+        ("METRONOME_SINK_WINDOW_CPU", f"{__package__}.cpu_backend.SinkWindowCpuBackend"),
         (FLASH_BACKEND_NAME, f"{__name__}._flash_backend_class"),
     ):
         if name not in AttentionBackendEnum.__members__:

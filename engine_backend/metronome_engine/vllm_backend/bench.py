@@ -9,9 +9,10 @@ load falls on each alike):
 - ``window+sinks``: this backend (``KVPolicy.windowed(W, sinks=S)``);
 - ``vllm full``: vLLM's stock Llama and attention kernel, full KV (no metronome layers);
 - ``window+sinks @REF``: the backend as it was at git ``REF`` (default: the last commit
-  before the one-pass CPU attention, when a window pass and a sink pass were merged by
-  log-sum-exp; ``000c077`` is the per-request Python loop before those), extracted with
-  ``git archive`` from the repository this file sits in.
+  before the C++ kernel, when the CPU ran the one-pass torch attention that copies each
+  tile's blocks; ``7bbc219`` is the two passes merged by log-sum-exp before it, ``000c077``
+  the per-request Python loop before those), extracted with ``git archive`` from the
+  repository this file sits in.
 
 Every figure is measured in this run; the ratio is against ``vllm full``.
 """
@@ -32,7 +33,7 @@ from typing import Any
 
 __all__ = ["main", "run_interleaved", "serve_ticks"]
 
-BEFORE = "7bbc219"  # the last commit before the one-pass CPU attention (two passes merged by log-sum-exp)
+BEFORE = "170989d"  # the last commit before the C++ kernel (the one-pass torch attention on CPU)
 
 
 def serve_ticks(spec: dict[str, Any]) -> None:

@@ -58,9 +58,12 @@ class SinkWindowAttention(Attention):  # type: ignore[misc]
     """
 
     def __init__(self, *args: Any, window: int, sinks: int, **kwargs: Any) -> None:
-        super().__init__(
-            *args, per_layer_sliding_window=window, attn_backend=select_backend(), sink_tokens=sinks, **kwargs
-        )
+        from vllm.config import get_current_vllm_config
+
+        config = get_current_vllm_config()
+        head_size = args[1] if len(args) > 1 else kwargs["head_size"]
+        backend = select_backend(head_size, config.model_config.dtype, config.cache_config.cache_dtype)
+        super().__init__(*args, per_layer_sliding_window=window, attn_backend=backend, sink_tokens=sinks, **kwargs)
         self.window = window
         self.sinks = sinks
 
@@ -99,8 +102,9 @@ class SinkWindowRope(nn.Module):
             q, k = self.rope(positions, query, key)
             return q, k
         at = in_cache_positions(positions, window=self.window, sinks=self.sinks)
-        # rotary embedding works in place on CPU: rotate a copy
-        q_sink, _ = self.rope(at, query.clone(), None)
+        # rotary embedding works in place on CPU: rotate a copy (with a copy of the key: vLLM's
+        # CPU rotary kernel crashed on a query of a few rows and no key)
+        q_sink, _ = self.rope(at, query.clone(), key.clone())
         q, k = self.rope(positions, query.contiguous(), key.contiguous())
         return torch.cat((q, q_sink), dim=-1), k
 
@@ -116,6 +120,12 @@ def rotation(rope: Any) -> Rotate:
     return rotate
 
 
+def _scales_frequencies(rope: Any) -> bool:
+    """Whether ``rope``'s table is ``cos/sin(position * frequency)`` (plain, Llama 3), so that a
+    rotation by ``a`` then by ``b`` is one by ``a + b``."""
+    return type(rope)._compute_cos_sin_cache is RotaryEmbeddingBase._compute_cos_sin_cache
+
+
 def extend_rope(rope: Any, length: int) -> None:
     """Give a RoPE table ``length`` positions, computed in float64 (idempotent).
 
@@ -128,7 +138,7 @@ def extend_rope(rope: Any, length: int) -> None:
     """
     if rope.cos_sin_cache.shape[0] >= length:
         return
-    if type(rope)._compute_cos_sin_cache is not RotaryEmbeddingBase._compute_cos_sin_cache:
+    if not _scales_frequencies(rope):
         raise ValueError(
             f"{type(rope).__name__} scales positions itself; the sinks + window backend can extend only "
             f"RoPE tables that scale frequencies (plain, Llama 3). Set max_model_len <= {rope.cos_sin_cache.shape[0]}"
@@ -172,7 +182,11 @@ def swap_attention_layers(model: nn.Module, *, window: int, sinks: int, vllm_con
         )
         extend_rope(rope, length)
         backend = module.attn.attn_backend
-        module.rotary_emb = SinkWindowRope(rope, window=window, sinks=sinks, pack=backend.packs_sink_query)
+        pack = backend.packs_sink_query
+        if pack and hasattr(module.attn.impl, "rope") and _scales_frequencies(rope):
+            module.attn.impl.rope = rope  # the CPU kernel rotates the sink query back itself
+            pack = False
+        module.rotary_emb = SinkWindowRope(rope, window=window, sinks=sinks, pack=pack)
         module.attn.impl.rotate = rotation(rope)
         swapped += 1
     if not swapped:

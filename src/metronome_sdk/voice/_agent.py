@@ -3,6 +3,10 @@
 The session answers on the metronome, one output frame per tick; every frame's latency
 goes to the peer as an event beside the words, so a slow engine shows as late frames and
 a failing one as a typed error (then a hang-up), never as a silence that looks healthy.
+
+Why this module is past 400 lines: ``VoiceAgent`` is one conversation whose four loops
+(listening, answering, speaking, stats) share its turn state and barge-in; the events and
+``TurnLatency`` beside it are small values it sends.
 """
 
 from __future__ import annotations
@@ -121,7 +125,10 @@ class VoiceAgent:
     seconds. ``stt`` transcribes it on a worker thread; the session answers with the model's
     chat template, up to ``max_reply_tokens``; each sentence goes to ``tts`` as soon as it is
     complete; ``decode_tokens`` (the session's own setting when None) lets each output frame
-    carry several tokens, so the first sentence is whole in fewer ticks. Each answered turn's
+    carry several tokens, so the first sentence is whole in fewer ticks. Each frame goes to
+    the session ``beat_lead`` seconds before the engine's next tick (``Engine.next_tick``;
+    ``None``: at once), so its latency is the engine's work, not a wait for the metronome's
+    phase, and the reply comes no later. Each answered turn's
     ``TurnLatency`` goes to the peer as a ``latency`` event and into ``stats`` events as
     ``voice_to_voice``.
 
@@ -152,6 +159,7 @@ class VoiceAgent:
         turn_gap: float = 0.5,
         barge_in: float | None = 0.06,
         decode_tokens: int | None = None,
+        beat_lead: float | None = 0.01,
     ) -> None:
         if not isinstance(stt, SpeechToText):
             raise ValueError(f"stt must have transcribe(samples, sample_rate), got {stt!r}")
@@ -163,6 +171,8 @@ class VoiceAgent:
             raise ValueError(f"turn_gap must be in [0.05, 10] seconds, got {turn_gap!r}; try 0.5")
         if barge_in is not None and not 0.0 < barge_in <= 2.0:
             raise ValueError(f"barge_in must be in (0, 2] seconds of speech, or None for no barge-in; got {barge_in!r}")
+        if beat_lead is not None and not 0.0 <= beat_lead <= 1.0:
+            raise ValueError(f"beat_lead must be in [0, 1] seconds, or None to send frames at once; got {beat_lead!r}")
         if decode_tokens is not None:
             session.decode_tokens = decode_tokens  # checked by the session; the agent is its consumer
         self.session = session
@@ -174,6 +184,7 @@ class VoiceAgent:
         self.stats_interval = stats_interval
         self.turn_gap = turn_gap
         self.barge_in = barge_in
+        self.beat_lead = beat_lead
         self.latencies: list[TurnLatency] = []
         self.interruptions = 0
         self._log = get_logger(session_id=session.id)
@@ -335,6 +346,7 @@ class VoiceAgent:
         self._decoding = turn
         try:
             while True:
+                await self._on_beat()
                 if frame is None and turn.number <= self._cut:  # cut while the agent was not stepping
                     cut = True
                     break
@@ -371,6 +383,20 @@ class VoiceAgent:
             final["interrupted"] = True
         await self.transport.send_event(final)
         self._log.info("voice.answered", tokens=produced, chars=len(answer), stopped=stopped, interrupted=cut)
+
+    async def _on_beat(self) -> None:
+        """Wait until ``beat_lead`` before the engine's next tick: the tick that would take a frame sent now.
+
+        Sent at once, a reply's next frame would wait in the queue for most of a period (the
+        metronome keeps its phase), its output would come no sooner, and that wait would count
+        as frame latency, which admission reads as load.
+        """
+        engine = self.session.engine
+        at = engine.next_tick if engine is not None and self.beat_lead is not None else None
+        if at is not None and self.beat_lead is not None:
+            delay = at - self.beat_lead - anyio.current_time()
+            if delay > 0:
+                await anyio.sleep(delay)
 
     async def _speak_loop(self) -> None:
         async for turn, sentence in self._speech_out:

@@ -7,10 +7,15 @@ from .._engine import Engine
 
 __all__ = ["demo_engine"]
 
-# A step appends at most 16 tokens, so prefilling a turn never holds the metronome for long.
+# No chunk cap below the default: the per-tick token budget (TimingConfig.tick_tokens="auto",
+# sized from the measured step cost) already keeps a step within the deadline, and a turn that
+# fits one tick's budget is answered in one tick instead of several (a cap of 16 tokens split
+# every first turn, system prompt included, over three ticks: a frame at least 3 periods late).
 # The default watchdog suits a shared CPU: a step is called stuck only after 5 s
 # (ReliabilityConfig.watchdog_floor), and a sound step here takes well under one.
-DEMO_TIMING = TimingConfig(period=0.08, max_chunk_tokens=16)
+# The system prompt is prefilled as the call opens (prompt_at_open), so a caller's first turn
+# carries only its own words and fits one tick like the later ones.
+DEMO_TIMING = TimingConfig(period=0.08, prompt_at_open=True)
 
 
 def demo_engine(*, window: int = 256, sinks: int = 4) -> Engine:
