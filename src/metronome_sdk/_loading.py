@@ -47,5 +47,7 @@ def load_core(cfg: EngineConfig) -> EngineCore:
         num_blocks=pool.get("num_blocks"),
         memory_bytes=pool.get("memory_bytes"),
         block_size=cfg.block_size,
-        kernels=path,  # resolved above: the engine need not resolve "auto" again
+        # "auto" stays "auto": the engine then runs each regime on its measured winner (the
+        # column groups on AVX2); its choice is cached, so resolving it again costs nothing
+        kernels=cfg.kernels if cfg.kernels == "auto" else path,
     )
