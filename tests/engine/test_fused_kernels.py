@@ -55,6 +55,15 @@ def test_rms_norm_and_silu_mul_match_torch(ops: Any) -> None:
     torch.testing.assert_close(ops.silu_mul(gu), F.silu(gate) * up, rtol=1e-5, atol=1e-5)
 
 
+def test_silu_mul_clamps_its_exp_and_keeps_nan(ops: Any) -> None:
+    # beyond exp's float32 range the kernel clamps its argument; a NaN gate stays NaN
+    gate = torch.tensor([[-200.0, -90.0, -87.5, 0.0, 88.5, 200.0, float("nan"), 3.0] * 4])
+    up = torch.linspace(-2, 2, gate.shape[1])[None]
+    got = ops.silu_mul(torch.cat([gate, up], dim=1))
+    torch.testing.assert_close(got, F.silu(gate) * up, rtol=1e-5, atol=1e-5, equal_nan=True)
+    assert got.isnan().sum() == 4
+
+
 def test_greedy_rows_matches_argmax_and_flags_non_finite_rows(ops: Any) -> None:
     gen = torch.Generator().manual_seed(2)
     logits = torch.randn(6, 1000 + 7, generator=gen)  # a vocabulary that leaves a tail
