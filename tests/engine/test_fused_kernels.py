@@ -10,6 +10,7 @@ one, and on x86-64 the x86-64-v3 one that stands for AVX2 machines).
 
 from __future__ import annotations
 
+import itertools
 import math
 import platform
 from pathlib import Path
@@ -161,19 +162,27 @@ def _attention_reference(
     return out
 
 
-@pytest.mark.parametrize("hd", [16, 64, 24])  # 24: no vector path, the plain loops
+# (tokens held, tokens added) per session: a decode step, a chunk that crosses blocks, and a
+# long one with holes; or chunks of 16+ rows, which run on chunk_attention's tiles (a prompt
+# from empty, one onto a held context, and, beside them, a decode step on the fold)
+_FEW_ROWS = [(7, 1), (13, 6), (61, 3)]
+_MANY_ROWS = [(7, 1), (0, 37), (30, 20)]
+
+
+@pytest.mark.parametrize("hd", [16, 64, 24])  # 24: no vector path in the fold, the plain loops
 @pytest.mark.parametrize(("window", "sinks"), [(0, 0), (9, 0), (9, 3), (20, 5)])
 @pytest.mark.parametrize("group", [1, 3])
-def test_paged_attention_matches_a_dense_reference(ops: Any, hd: int, window: int, sinks: int, group: int) -> None:
-    gen = torch.Generator().manual_seed(hd * 100 + window * 10 + sinks + group)
+@pytest.mark.parametrize("lengths", [_FEW_ROWS, _MANY_ROWS], ids=["few-rows", "many-rows"])
+def test_paged_attention_matches_a_dense_reference(
+    ops: Any, hd: int, window: int, sinks: int, group: int, lengths: list[tuple[int, int]]
+) -> None:
+    gen = torch.Generator().manual_seed(hd * 100 + window * 10 + sinks + group + 1000 * lengths[1][1])
     bs, kvh = 4, 2
     heads = kvh * group
     num_blocks = 40
     k_cache = torch.randn(kvh, num_blocks * bs, hd, generator=gen)
     v_cache = torch.randn(kvh, num_blocks * bs, hd, generator=gen)
     order = torch.randperm(num_blocks, generator=gen).tolist()  # blocks anywhere in the pool
-    # three sessions: a decode step, a chunk that crosses blocks, and a long one with holes
-    lengths = [(7, 1), (13, 6), (61, 3)]
     tables, chunks = [], []
     for length, n_new in lengths:
         end = length + n_new
@@ -193,7 +202,7 @@ def test_paged_attention_matches_a_dense_reference(ops: Any, hd: int, window: in
     for b, tb in enumerate(tables):
         logical[b, : len(tb)] = torch.tensor([lb for lb, _ in tb])
         physical[b, : len(tb)] = torch.tensor([pb for _, pb in tb])
-    starts = torch.tensor([0, 1, 7, 10])
+    starts = torch.tensor([0, *itertools.accumulate(n for _, n in lengths)])
     positions = torch.tensor([p for c in chunks for p in c])
     got = ops.paged_attention(
         q,
@@ -236,6 +245,29 @@ def test_paged_attention_carries_a_nan_to_its_own_session_only(ops: Any) -> None
         0.125,
     )
     assert out[0].isnan().all() and out[1].isfinite().all()
+
+
+def test_a_chunks_nan_key_reaches_the_rows_that_see_it_only(ops: Any) -> None:
+    # 20 rows: chunk_attention's tiles; the key at stream index 9 is NaN
+    kvh, hd, bs, rows = 1, 64, 4, 20
+    k_cache, v_cache = torch.randn(kvh, 12 * bs, hd), torch.randn(kvh, 12 * bs, hd)
+    k_cache[0, 9] = float("nan")
+    out = ops.paged_attention(
+        torch.randn(rows + 1, 3, hd),
+        None,
+        k_cache,
+        v_cache,
+        torch.tensor([0, rows, rows + 1]),
+        torch.tensor([*range(rows), 6]),
+        torch.tensor([[0, 1, 2, 3, 4], [0, 1, -1, -1, -1]]),
+        torch.tensor([[0, 1, 2, 3, 4], [8, 9, 0, 0, 0]]),
+        torch.tensor([5, 2]),
+        bs,
+        0,
+        0,
+        0.125,
+    )
+    assert out[:9].isfinite().all() and out[9:rows].isnan().all() and out[rows].isfinite().all()
 
 
 def test_paged_attention_refuses_a_block_outside_the_pool(ops: Any) -> None:

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "checks.h"
+#include "chunk_attention.h"
 #include "groups.h"
 #include "tiles.h"
 
@@ -641,14 +642,20 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   // a task: one (session, kv head) and up to kRows of its queries, so that one long
   // chunk (a prompt, a scored text) still spreads over every thread
   constexpr int64_t kRows = 8;
+  // a session with many rows (a prefill chunk) goes to chunk_attention's tiles instead
+  constexpr int64_t kChunkMinRows = 16;
+  const bool tiled = metronome::chunk_attention_ok(a.hd, a.G);
   struct Task {
     int64_t b, kh, row0, row1;
+    bool chunk;
   };
   std::vector<Task> tasks;
   for (int64_t b = 0; b < B; ++b) {
+    const bool chunk = tiled && a.query_start[b + 1] - a.query_start[b] >= kChunkMinRows;
+    const int64_t step = chunk ? metronome::chunk_attention_rows(a.G) : kRows;
     for (int64_t kh = 0; kh < kvh; ++kh) {
-      for (int64_t r = a.query_start[b]; r < a.query_start[b + 1]; r += kRows) {
-        tasks.push_back({b, kh, r, std::min(r + kRows, a.query_start[b + 1])});
+      for (int64_t r = a.query_start[b]; r < a.query_start[b + 1]; r += step) {
+        tasks.push_back({b, kh, r, std::min(r + step, a.query_start[b + 1]), chunk});
       }
     }
   }
@@ -662,6 +669,15 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
     std::vector<float> scratch;
     for (int64_t i = next++; i < n_tasks; i = next++) {
       const Task& t = tasks[i];
+      if (t.chunk) {
+        const int64_t at = t.b * a.max_blocks;
+        const int64_t sinks = a.window > 0 && a.pinned != nullptr ? a.pinned[t.b] : a.sinks;
+        const metronome::ChunkArgs c{a.q, a.q_sink, a.k_cache, a.v_cache, a.out, a.positions,
+                                     a.block_logical + at, a.block_physical + at, a.block_count[t.b], a.H, a.G,
+                                     a.hd, a.num_slots, a.block_size, a.window, sinks, a.scale};
+        metronome::chunk_attention(c, t.kh, t.row0, t.row1, scratch);
+        continue;
+      }
       switch (a.hd) {
         case 16: attend_task<1>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
         case 32: attend_task<2>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
