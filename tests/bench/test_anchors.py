@@ -222,6 +222,8 @@ def test_the_step_rows_carry_the_anchors_and_the_ratios_against_them() -> None:
     pre = PrefillResult(64, 256, 100.0, 120.0, llama_tokens_per_s=320.0, vllm_ms=200.0).as_dict()
     assert pre["engine_tokens_per_s"] == pytest.approx(640.0) and pre["vllm_tokens_per_s"] == pytest.approx(320.0)
     assert pre["engine_vs_llama"] == pytest.approx(0.5)  # time per token: 1/640 against 1/320
+    assert pre["engine_vs_vllm"] == pytest.approx(0.5)  # the prefill table's vLLM column reads it
+    assert PrefillResult(64, 256, 100.0, 120.0).as_dict()["engine_vs_vllm"] is None
 
 
 def test_the_anchor_flags_and_their_environment_defaults(monkeypatch: pytest.MonkeyPatch) -> None:

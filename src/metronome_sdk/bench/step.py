@@ -93,6 +93,7 @@ class PrefillResult:
         d = asdict(self)
         d["engine_tokens_per_s"] = 1e3 * self.chunk / self.engine_ms
         d["vllm_tokens_per_s"] = 1e3 * self.chunk / self.vllm_ms if self.vllm_ms else None
+        d["engine_vs_vllm"] = self.engine_ms / self.vllm_ms if self.vllm_ms else None
         d["engine_vs_llama"] = self.llama_tokens_per_s / d["engine_tokens_per_s"] if self.llama_tokens_per_s else None
         d["hf_tokens_per_s"] = 1e3 * self.chunk / self.hf_ms if self.hf_ms else None
         d["torch_tokens_per_s"] = 1e3 * self.chunk / self.torch_ms if self.torch_ms else None
