@@ -565,6 +565,18 @@ void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, in
   }
 }
 
+// Rows row0 .. row1 - 1 of session b (a prefill chunk) on chunk_attention's tiles. Not
+// inlined into paged_attention's worker, whose decode fold it would otherwise share code with.
+__attribute__((noinline)) void attend_chunk(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, int64_t row1,
+                                            std::vector<float>& scratch) {
+  const int64_t at = b * a.max_blocks;
+  const int64_t sinks = a.window > 0 && a.pinned != nullptr ? a.pinned[b] : a.sinks;
+  const metronome::ChunkArgs c{a.q,          a.q_sink, a.k_cache,  a.v_cache,         a.out,       a.positions,
+                               a.block_logical + at, a.block_physical + at, a.block_count[b], a.H, a.G, a.hd,
+                               a.num_slots, a.block_size, a.window, sinks, a.scale};
+  metronome::chunk_attention(c, kh, row0, row1, scratch);
+}
+
 // Attention of a step's queries over each session's resident blocks, read in place.
 //
 // Session b owns query rows [query_start[b], query_start[b+1]) and the blocks
@@ -670,12 +682,7 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
     for (int64_t i = next++; i < n_tasks; i = next++) {
       const Task& t = tasks[i];
       if (t.chunk) {
-        const int64_t at = t.b * a.max_blocks;
-        const int64_t sinks = a.window > 0 && a.pinned != nullptr ? a.pinned[t.b] : a.sinks;
-        const metronome::ChunkArgs c{a.q, a.q_sink, a.k_cache, a.v_cache, a.out, a.positions,
-                                     a.block_logical + at, a.block_physical + at, a.block_count[t.b], a.H, a.G,
-                                     a.hd, a.num_slots, a.block_size, a.window, sinks, a.scale};
-        metronome::chunk_attention(c, t.kh, t.row0, t.row1, scratch);
+        attend_chunk(a, t.b, t.kh, t.row0, t.row1, scratch);
         continue;
       }
       switch (a.hd) {
