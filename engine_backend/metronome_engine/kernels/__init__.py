@@ -100,10 +100,8 @@ class KernelBuild:
         if self.isa == "x86-64-v3":
             flags.append("-march=x86-64-v3")
         elif platform.machine() in _X86:
-            # GCC keeps to 256-bit vectors on some AVX-512 parts unless told; the kernels want 512.
-            # Its moves too: a 64-byte vector copied in two 32-byte halves and read back whole
-            # stalls on store forwarding (native attention at 64 query rows: 12x the AVX2 build's time)
-            flags += ["-march=native", "-mprefer-vector-width=512", "-mmove-max=512", "-mstore-max=512"]
+            # GCC keeps to 256-bit vectors on some AVX-512 parts unless told; the kernels want 512
+            flags += ["-march=native", "-mprefer-vector-width=512"]
         else:
             flags.append("-mcpu=native")
         return flags

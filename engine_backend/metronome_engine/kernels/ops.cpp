@@ -36,11 +36,15 @@ typedef float vf __attribute__((vector_size(64), aligned(4)));
 typedef int32_t vi __attribute__((vector_size(64), aligned(4)));
 constexpr int kLanes = 16;
 
-inline vf vload(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
+// Loads and stores through a type that may alias floats: one instruction each on AVX-512.
+// A memcpy of 64 bytes was two 32-byte moves (GCC's default tuning here), and reading
+// whole a vector just written in halves stalls on store forwarding: in every key of the
+// native build's attention (64 queries over 256 keys, one thread: 16.2 against 0.64 ms a layer).
+typedef float vf_mem __attribute__((vector_size(64), aligned(4), may_alias));
+
+inline vf vload(const float* p) { return *reinterpret_cast<const vf_mem*>(p); }
+
+inline void vstore(float* p, vf v) { *reinterpret_cast<vf_mem*>(p) = v; }
 
 inline vf vsplat(float x) { return vf{} + x; }
 
@@ -128,7 +132,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
       for (; i + kLanes <= f; i += kLanes) {
         const vf gv = vload(g + i);
         const vf out = gv / (1.f + vexp(-gv)) * vload(u + i);
-        std::memcpy(o + i, &out, sizeof(out));
+        vstore(o + i, out);
       }
       for (; i < f; ++i) o[i] = g[i] / (1.f + fast_exp(-g[i])) * u[i];
     }
@@ -445,8 +449,7 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
       if (j < m) {
         for (int c = 0; c < NV; ++c) acc[c] += weights[j] * vload(vr + j * HD + c * kLanes);
       }
-      for (int c = 0; c < NV; ++c) acc[c] += odd[c];
-      std::memcpy(accp, acc, sizeof(acc));
+      for (int c = 0; c < NV; ++c) vstore(accp + c * kLanes, acc[c] + odd[c]);
     }
   }
 }
