@@ -57,6 +57,7 @@ _SOURCE_NAMES = (
     "chunk_attention.cpp",
     "chunk_attention.h",
     "checks.h",
+    "vector16.h",
 )
 _SOURCES = [Path(__file__).with_name(name) for name in _SOURCE_NAMES]
 _X86 = ("x86_64", "AMD64")
