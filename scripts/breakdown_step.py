@@ -222,7 +222,8 @@ def main() -> None:
                 a, b = samples[first]["step"], samples[name]["step"]
                 ratios = [y / x for x, y in zip(a, b, strict=True)]
                 print(f"  step {name}/{first}: median of paired ratios {statistics.median(ratios):.3f}", flush=True)
-    print(json.dumps({"isa": args.isa, "clock": args.clock, "contexts": [lo, hi], "loadavg": os.getloadavg(), "rows": report}), file=sys.stderr)
+    meta = {"isa": args.isa, "clock": args.clock, "contexts": [lo, hi], "loadavg": os.getloadavg()}
+    print(json.dumps({**meta, "rows": report}), file=sys.stderr)
 
 
 if __name__ == "__main__":
