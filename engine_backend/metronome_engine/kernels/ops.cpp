@@ -359,8 +359,8 @@ inline float softmax_update(vf s, int64_t m, HeadsState& st, int64_t g, float* w
   st.max[g] = m_new;
   float* sum = st.sum + g * kLanes;
   const vf total = vload(sum) * corr + p;
-  std::memcpy(sum, &total, sizeof(total));
-  std::memcpy(weights, &p, sizeof(p));  // read back one by one: a vector store forwards to scalar loads
+  vstore(sum, total);
+  vstore(weights, p);  // read back one by one: a vector store forwards to scalar loads
   return corr;
 }
 
