@@ -76,7 +76,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
       for (; i + kLanes <= f; i += kLanes) {
         const vf gv = vload(g + i);
         const vf out = gv / (1.f + vexp(-gv)) * vload(u + i);
-        std::memcpy(o + i, &out, sizeof(out));
+        vstore(o + i, out);
       }
       for (; i < f; ++i) o[i] = g[i] / (1.f + fast_exp(-g[i])) * u[i];
     }
@@ -393,8 +393,7 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
       if (j < m) {
         for (int c = 0; c < NV; ++c) acc[c] += weights[j] * vload(vr + j * HD + c * kLanes);
       }
-      for (int c = 0; c < NV; ++c) acc[c] += odd[c];
-      std::memcpy(accp, acc, sizeof(acc));
+      for (int c = 0; c < NV; ++c) vstore(accp + c * kLanes, acc[c] + odd[c]);
     }
   }
 }
