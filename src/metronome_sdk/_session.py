@@ -270,6 +270,33 @@ class Session:
                 return index
             await slot.channel.input_room()
 
+    def append_nowait(self, text: str) -> int:
+        """Give the user's turn ``text`` ahead of the frame that answers it; the turn's tokens.
+
+        The engine appends the turn over the next ticks, within the tick's token budget (as it
+        prefills a system prompt, ``TimingConfig.prompt_at_open``), with no output; the next
+        frame then carries only the turn's last token and its own input, so an empty frame
+        (``step()``) answers the turn in one short step instead of one step as long as the turn.
+        ``ValueError`` while frames are queued (the turn goes in before the next frame), or for
+        empty text.
+        """
+        if not isinstance(text, str):
+            raise ValueError(f"append() takes the turn's text as a str, got {type(text).__name__}")
+        slot = self._check_open()
+        assert self._engine is not None
+        return self._engine._append(slot, text)
+
+    async def append(self, text: str) -> int:
+        """``append_nowait``, then wait until the engine has appended the turn (all but its last
+        token, which goes with the next frame). Cancelled while waiting, the turn still goes in."""
+        tokens = self.append_nowait(text)
+        slot = self._require_slot()
+        while slot.prefill:
+            self._check_open()
+            await slot.channel.changed()
+        await anyio.lowlevel.checkpoint()
+        return tokens
+
     def receive_nowait(self) -> OutputFrame | None:
         """The next output frame if one is here, else ``None``; raises as ``receive()`` does."""
         slot = self._require_slot()
