@@ -94,3 +94,35 @@ async def test_a_session_closed_while_its_turn_goes_in_leaves_no_blocks() -> Non
             while engine.stats().used_blocks:
                 await anyio.sleep(0.005)
         assert engine.stats().sessions == 0
+
+
+async def test_a_turn_ahead_keeps_no_beat_while_every_session_has_context_to_append() -> None:
+    # a minute's period: were the turn's ticks paced, or did they move the metronome's phase,
+    # the turn or the frame after it would wait a minute
+    reports: list[TickReport] = []
+    minute = TimingConfig(period=60.0, deadline=60.0, max_chunk_tokens=8, tick_tokens=2)
+    engine = make_engine(KVPolicy.full(), num_blocks=128, timing=minute, on_tick=reports.append)
+    async with engine, engine.session() as s:
+        with anyio.fail_after(20):
+            await s.append("a question of many tokens")
+            out = await s.step()
+    assert len(reports) > 3 and out.tokens
+    assert [r.tokens for r in reports if r.latencies] == [1]
+
+
+async def test_a_turn_ahead_is_paced_while_another_session_may_send_on_the_beat() -> None:
+    period = 0.05
+    reports: list[TickReport] = []
+    engine = make_engine(
+        KVPolicy.full(),
+        num_blocks=128,
+        timing=TimingConfig(period=period, deadline=60.0, max_chunk_tokens=8, tick_tokens=2),
+        on_tick=reports.append,
+    )
+    async with engine, engine.session() as talking, engine.session() as s:
+        await talking.step("hi")
+        before = len(reports)
+        await s.append("a question of many tokens")
+    starts = [r.time - r.step_seconds for r in reports[before:]]
+    assert len(starts) > 3
+    assert starts[-1] - starts[0] >= (len(starts) - 1) * period * 0.9  # one tick a period at most
