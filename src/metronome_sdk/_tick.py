@@ -10,8 +10,9 @@ tokens' measured cost: load is shed) or stuck (its frames are answered at once);
 ``max_failed_ticks`` failed ticks in a row shut the engine down. Context queued ahead of
 frames (system prompts prefilled at open, ``TimingConfig.prompt_at_open``; turns given with
 ``Session.append``) shares the budget with frames (``_prompt.py``); while every session has
-such context, no frame can be waiting on the beat, so those ticks are not paced and leave the
-metronome's phase alone: the frame that follows goes at once.
+such context, no frame can be waiting on the beat, so those ticks are neither paced nor held to
+the budget (``max_chunk_tokens`` still caps each chunk) and leave the metronome's phase alone:
+the context goes in as soon as it can, and the frame that follows goes at once.
 
 Why this module is past 400 lines: one tick's phases (gather, dispatch, the watchdog's
 verdicts on that tick's step, apply) share its entries and the loop's pacing; each pure part
@@ -175,7 +176,7 @@ class TickLoop:
 
     # gathering -----------------------------------------------------------------------------------
 
-    def gather(self) -> list[Entry]:
+    def gather(self, *, ahead: bool = False) -> list[Entry]:
         """This tick's chunk of every session with input, within the tick's token budget."""
         heads: dict[int, tuple[Slot, list[int]]] = {}
         prefills: dict[int, Slot] = {}
@@ -206,7 +207,9 @@ class TickLoop:
             demands.append(Demand(slot.session_id, need, slot.decode_tokens, talking, slot.waited))
         step_cost = self.cost.step_tokens() if self.cost.ready else 0
         self.budget_now = tick_budget(self.timing, self.cost)
-        plan = plan_tick(demands, budget=self.budget_now, max_chunk=self.timing.max_chunk_tokens, step_cost=step_cost)
+        # ``ahead``: only context, no frame on the beat to keep within the deadline; max_chunk still caps it
+        budget = None if ahead else self.budget_now
+        plan = plan_tick(demands, budget=budget, max_chunk=self.timing.max_chunk_tokens, step_cost=step_cost)
         entries = []
         self._waiting = []
         self._prefills = []
@@ -235,7 +238,7 @@ class TickLoop:
 
     async def tick(self) -> None:
         ahead = self._context_only()
-        entries = self.gather()
+        entries = self.gather(ahead=ahead)
         prefills = self._prefills
         if not entries and not prefills:
             return
