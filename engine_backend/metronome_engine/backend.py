@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from .config import ModelConfig
     from .sampling import SamplingParams
 
-__all__ = ["EngineBackend", "PoolStats", "Stall", "StepOutput", "StepRequest", "validate_step"]
+__all__ = ["EngineBackend", "PassThroughBackend", "PoolStats", "Stall", "StepOutput", "StepRequest", "validate_step"]
 
 
 class Stall(enum.Enum):
@@ -93,6 +93,37 @@ class EngineBackend(Protocol):
     def pool_stats(self) -> PoolStats: ...
 
     def session_bound_blocks(self, chunk: int = 1) -> int | None: ...
+
+
+class PassThroughBackend:
+    """An ``EngineBackend`` that hands every call to the one it wraps (``core``): the base of a
+    wrapper that changes a few calls, as the benchmark's ``SilentBackend`` changes ``step``."""
+
+    def __init__(self, core: EngineBackend) -> None:
+        self.core = core
+
+    @property
+    def policy(self) -> KVPolicy:
+        return self.core.policy
+
+    @property
+    def config(self) -> ModelConfig:
+        return self.core.config
+
+    def add_sequence(self, *, sampling: SamplingParams | None = None) -> int:
+        return self.core.add_sequence(sampling=sampling)
+
+    def free_sequence(self, seq_id: int) -> None:
+        self.core.free_sequence(seq_id)
+
+    def step(self, requests: Sequence[StepRequest]) -> list[StepOutput]:
+        return self.core.step(requests)
+
+    def pool_stats(self) -> PoolStats:
+        return self.core.pool_stats()
+
+    def session_bound_blocks(self, chunk: int = 1) -> int | None:
+        return self.core.session_bound_blocks(chunk)
 
 
 def validate_step(requests: Sequence[StepRequest], vocab_size: int, open_sequence: Callable[[int], object]) -> None:

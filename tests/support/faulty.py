@@ -13,16 +13,8 @@ import threading
 from collections.abc import Sequence
 from dataclasses import replace
 
-from metronome_engine import (
-    EngineBackend,
-    KVPolicy,
-    ModelConfig,
-    PoolStats,
-    SamplingParams,
-    Stall,
-    StepOutput,
-    StepRequest,
-)
+from metronome_engine import EngineBackend, Stall, StepOutput, StepRequest
+from metronome_engine.backend import PassThroughBackend
 
 __all__ = ["FaultyBackend", "Hold"]
 
@@ -36,9 +28,9 @@ class Hold:
         self.returned = threading.Event()
 
 
-class FaultyBackend:
+class FaultyBackend(PassThroughBackend):
     def __init__(self, core: EngineBackend) -> None:
-        self.core = core
+        super().__init__(core)
         self.calls = 0  # step calls, faulty ones included
         self._fail = 0
         self._hold: Hold | None = None
@@ -64,27 +56,7 @@ class FaultyBackend:
         """The session whose next request carries ``token`` gets non-finite logits."""
         self._poison.add(token)
 
-    # EngineBackend -------------------------------------------------------------------------------
-
-    @property
-    def policy(self) -> KVPolicy:
-        return self.core.policy
-
-    @property
-    def config(self) -> ModelConfig:
-        return self.core.config
-
-    def add_sequence(self, *, sampling: SamplingParams | None = None) -> int:
-        return self.core.add_sequence(sampling=sampling)
-
-    def free_sequence(self, seq_id: int) -> None:
-        self.core.free_sequence(seq_id)
-
-    def pool_stats(self) -> PoolStats:
-        return self.core.pool_stats()
-
-    def session_bound_blocks(self, chunk: int = 1) -> int | None:
-        return self.core.session_bound_blocks(chunk=chunk)
+    # EngineBackend (the rest passes through) ----------------------------------------------------
 
     def step(self, requests: Sequence[StepRequest]) -> list[StepOutput]:
         self.calls += 1
@@ -99,7 +71,7 @@ class FaultyBackend:
                 self._fail -= 1
                 raise RuntimeError("injected: the device fell over")
             poisoned = {r.seq_id for r in requests if self._poison.intersection(r.tokens)}
-            outputs = self.core.step(requests)
+            outputs = super().step(requests)
             for i, out in enumerate(outputs):
                 if out.seq_id in poisoned:
                     self.core.free_sequence(out.seq_id)  # a real core drops a corrupt sequence itself

@@ -18,8 +18,8 @@ from vllm.v1.kv_cache_interface import KVCacheLayout
 
 from metronome_engine.vllm_backend import native
 from metronome_engine.vllm_backend.attention import WindowTiles, sink_window_attention, token_requests
-from metronome_engine.vllm_backend.attn_backend import SinkWindowTorchBackend, select_backend
-from metronome_engine.vllm_backend.cpu_backend import SinkWindowCpuBackend
+from metronome_engine.vllm_backend.attn_backend import SinkWindowTorchBackend, SinkWindowTorchImpl, select_backend
+from metronome_engine.vllm_backend.cpu_backend import SinkWindowCpuBackend, SinkWindowCpuImpl
 from metronome_engine.vllm_backend.positions import gap_blocks, in_cache_positions
 
 BLOCK = 32
@@ -145,25 +145,45 @@ def test_kernel_rotates_the_sink_query_back_as_the_model_rotates_it(neox: bool) 
         )
 
 
-def test_kernel_refuses_a_block_outside_the_cache() -> None:
-    assert native.available()
-    s = _step(KVCacheLayout.LBHNC, 9, 3, 64, 256, 4)
-    q = s["raw"]
-    s["table"][0, 0] = s["cache"].shape[0]  # a sink block past the pool
+@pytest.fixture
+def step() -> dict[str, Tensor]:
+    """A SmolLM2-shaped step (HND cache, window 256, 4 sinks) for the refusals below."""
+    assert native.available(), "the sinks + window CPU kernel did not build"
+    return _step(KVCacheLayout.LBHNC, 9, 3, 64, 256, 4)
+
+
+def _attend(s: dict[str, Tensor], q: Tensor) -> None:
+    """The kernel over ``step``'s requests with ``q`` as both rotations of the query."""
+    args = (s["cache"], s["table"], s["qsl"], s["seq_lens"], torch.empty_like(q))
+    native.sink_window_attention(q, q, *args, window=256, sinks=4, scale=0.1)
+
+
+def test_kernel_refuses_a_block_outside_the_cache(step: dict[str, Tensor]) -> None:
+    step["table"][0, 0] = step["cache"].shape[0]  # a sink block past the pool
     with pytest.raises(RuntimeError, match="is not in the cache"):
-        native.sink_window_attention(
-            q, q, s["cache"], s["table"], s["qsl"], s["seq_lens"], torch.empty_like(q), window=256, sinks=4, scale=0.1
-        )
+        _attend(step, step["raw"])
 
 
-def test_kernel_refuses_other_dtypes() -> None:
-    assert native.available()
-    s = _step(KVCacheLayout.LBHNC, 9, 3, 64, 256, 4)
-    q = s["raw"].bfloat16()
+def test_kernel_refuses_other_dtypes(step: dict[str, Tensor]) -> None:
     with pytest.raises(RuntimeError, match="float32"):
-        native.sink_window_attention(
-            q, q, s["cache"], s["table"], s["qsl"], s["seq_lens"], torch.empty_like(q), window=256, sinks=4, scale=0.1
-        )
+        _attend(step, step["raw"].bfloat16())
+
+
+@pytest.mark.parametrize("impl_cls", [SinkWindowTorchImpl, SinkWindowCpuImpl], ids=["torch", "cpu"])
+def test_cpu_impls_refuse_fused_output_quantization_and_zero_the_profiling_run(
+    impl_cls: type[SinkWindowTorchImpl | SinkWindowCpuImpl], step: dict[str, Tensor]
+) -> None:
+    impl = impl_cls(9, 64, 0.125, num_kv_heads=3, sliding_window=256, sink_tokens=4)
+    query, kv = step["raw"], torch.randn(step["raw"].shape[0], 3, 64)
+    output = torch.full_like(query, float("nan"))
+    for scales in ({"output_scale": torch.ones(1)}, {"output_block_scale": torch.ones(1)}):
+        with pytest.raises(NotImplementedError, match="fused output quantization"):
+            impl.forward(None, query, kv, kv, step["cache"], None, output, **scales)
+    assert output.isnan().all()  # refused before anything was written
+    # vLLM's profiling run passes no metadata: a zero output, the cache untouched
+    before = step["cache"].clone()
+    assert impl.forward(None, query, kv, kv, step["cache"], None, output) is output
+    assert not output.any() and torch.equal(step["cache"], before)
 
 
 def test_cpu_layers_take_the_kernel_where_it_serves_them() -> None:

@@ -48,7 +48,7 @@ Isa = Literal["native", "x86-64-v3"]
 ISAS: tuple[Isa, ...] = get_args(Isa)
 ISA_ENV = "METRONOME_KERNELS_ISA"
 
-_SOURCE_NAMES = ("ops.cpp", "tiles.cpp", "tiles.h", "groups.cpp", "groups.h", "checks.h")
+_SOURCE_NAMES = ("ops.cpp", "tiles.cpp", "tiles.h", "groups.cpp", "groups.h", "checks.h", "vector16.h")
 _SOURCES = [Path(__file__).with_name(name) for name in _SOURCE_NAMES]
 _X86 = ("x86_64", "AMD64")
 

@@ -24,64 +24,12 @@
 #include "checks.h"
 #include "groups.h"
 #include "tiles.h"
+#include "vector16.h"
 
 namespace {
 
 using metronome::check_f32;
 using metronome::check_i64;
-
-// 16 floats: GCC lowers these to the widest vector unit there is (one AVX-512
-// register, two AVX2 ones, four NEON ones). aligned(4): loads from any float address.
-typedef float vf __attribute__((vector_size(64), aligned(4)));
-typedef int32_t vi __attribute__((vector_size(64), aligned(4)));
-constexpr int kLanes = 16;
-
-inline vf vload(const float* p) {
-  vf v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-inline vf vsplat(float x) { return vf{} + x; }
-
-inline float hsum(vf v) {
-#ifdef __AVX512F__
-  return _mm512_reduce_add_ps(reinterpret_cast<__m512>(v));
-#else
-  float s = 0.f;
-  for (int i = 0; i < kLanes; ++i) s += v[i];
-  return s;
-#endif
-}
-
-inline float hmax(vf v) {
-  float m = v[0];
-  for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
-  return m;
-}
-
-// exp on 16 lanes for the softmax and SiLU (std::exp does not vectorize without
-// -ffast-math, which would also drop the NaN semantics the engine's fault check relies
-// on). Relative error about 2e-7; NaN in gives NaN out.
-inline vf vexp(vf x) {
-  x = x < -87.0f ? vsplat(-87.0f) : x;
-  x = x > 88.0f ? vsplat(88.0f) : x;
-  const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-  const vf r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
-  vf p = vsplat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-  vf scale;
-  std::memcpy(&scale, &bits, sizeof(scale));
-  return p * scale;
-}
-
-inline float fast_exp(float x) { return vexp(vsplat(x))[0]; }
 
 // x * rsqrt(mean(x^2) + eps) * w, per row.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
@@ -128,7 +76,7 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
       for (; i + kLanes <= f; i += kLanes) {
         const vf gv = vload(g + i);
         const vf out = gv / (1.f + vexp(-gv)) * vload(u + i);
-        std::memcpy(o + i, &out, sizeof(out));
+        vstore(o + i, out);
       }
       for (; i < f; ++i) o[i] = g[i] / (1.f + fast_exp(-g[i])) * u[i];
     }
@@ -445,8 +393,7 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
       if (j < m) {
         for (int c = 0; c < NV; ++c) acc[c] += weights[j] * vload(vr + j * HD + c * kLanes);
       }
-      for (int c = 0; c < NV; ++c) acc[c] += odd[c];
-      std::memcpy(accp, acc, sizeof(acc));
+      for (int c = 0; c < NV; ++c) vstore(accp + c * kLanes, acc[c] + odd[c]);
     }
   }
 }

@@ -26,6 +26,7 @@ the query rotated at its stream index (heads ``:H``) and at its in-cache positio
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar
 
@@ -49,7 +50,7 @@ TORCH_BACKEND_NAME = "METRONOME_SINK_WINDOW_TORCH"
 FLASH_BACKEND_NAME = "METRONOME_SINK_WINDOW_FLASH"
 
 
-def _split_query(query: Tensor, num_tokens: int, num_heads: int, sinks: int) -> tuple[Tensor, Tensor | None]:
+def split_query(query: Tensor, num_tokens: int, num_heads: int, sinks: int) -> tuple[Tensor, Tensor | None]:
     if not sinks:
         return query[:num_tokens], None
     # the layer views the packed [T, 2 * H * d] query as [2T, H, d]: token t's rows are 2t and 2t + 1
@@ -133,7 +134,8 @@ M = TypeVar("M")
 
 
 class SinkWindowImpl(AttentionImpl[M], Generic[M]):  # type: ignore[misc]
-    """What the CPU backends share: the layer's settings and the cache write."""
+    """What the CPU backends share: the layer's settings, the cache write, and ``forward``'s
+    refusals and profiling guard; each backend gives only its attention (``_attend``)."""
 
     def __init__(
         self,
@@ -169,8 +171,6 @@ class SinkWindowImpl(AttentionImpl[M], Generic[M]):  # type: ignore[misc]
     ) -> None:
         write_kv(kv_cache, key, value, slot_mapping)
 
-
-class SinkWindowTorchImpl(SinkWindowImpl[SinkWindowTorchMetadata]):
     def forward(
         self,
         layer: Any,
@@ -178,7 +178,7 @@ class SinkWindowTorchImpl(SinkWindowImpl[SinkWindowTorchMetadata]):
         key: Tensor,
         value: Tensor,
         kv_cache: Tensor,
-        attn_metadata: SinkWindowTorchMetadata,
+        attn_metadata: M | None,
         output: Tensor,
         output_scale: Tensor | None = None,
         output_block_scale: Tensor | None = None,
@@ -187,11 +187,19 @@ class SinkWindowTorchImpl(SinkWindowImpl[SinkWindowTorchMetadata]):
             raise NotImplementedError("fused output quantization is not supported by the sinks + window attention")
         if attn_metadata is None:  # the profiling run
             return output.zero_()
-        md = attn_metadata
+        self._attend(query, kv_cache, attn_metadata, output)
+        return output
+
+    @abstractmethod
+    def _attend(self, query: Tensor, kv_cache: Tensor, md: M, output: Tensor) -> None:
+        """Write the attention of the step's tokens into ``output[:md.num_actual_tokens]``."""
+
+
+class SinkWindowTorchImpl(SinkWindowImpl[SinkWindowTorchMetadata]):
+    def _attend(self, query: Tensor, kv_cache: Tensor, md: SinkWindowTorchMetadata, output: Tensor) -> None:
         n = md.num_actual_tokens
         out, _ = sink_window_attention(query[:n], kv_cache, md.tiles, scale=self.scale, rotate=self.rotate)
         output[:n].copy_(out)
-        return output
 
 
 class SinkWindowTorchBackend(AttentionBackend):  # type: ignore[misc]
@@ -253,7 +261,7 @@ def _flash_backend() -> type[AttentionBackend]:
                 return output.fill_(0)
             md = attn_metadata
             n = md.num_actual_tokens
-            q, q_sink = _split_query(query, n, self.num_heads, self.sink_tokens)
+            q, q_sink = split_query(query, n, self.num_heads, self.sink_tokens)
             # (B, H, N, 2*D) -> ((B, N, H, D), (B, N, H, D)): the view's strides carry the layout
             key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)  # type: ignore[no-untyped-call]
             out_w = torch.empty_like(output[:n])

@@ -28,7 +28,7 @@ from vllm.v1.attention.backend import (
 )
 
 from . import native
-from .attn_backend import SinkWindowImpl
+from .attn_backend import SinkWindowImpl, split_query
 
 __all__ = ["CPU_BACKEND_NAME", "SinkWindowCpuBackend"]
 
@@ -71,32 +71,13 @@ class SinkWindowCpuImpl(SinkWindowImpl[SinkWindowCpuMetadata]):
     # layer passes the plain query); without it the layer packs both rotations
     rope: Any = None
 
-    def forward(
-        self,
-        layer: Any,
-        query: Tensor,
-        key: Tensor,
-        value: Tensor,
-        kv_cache: Tensor,
-        attn_metadata: SinkWindowCpuMetadata,
-        output: Tensor,
-        output_scale: Tensor | None = None,
-        output_block_scale: Tensor | None = None,
-    ) -> Tensor:
-        if output_scale is not None or output_block_scale is not None:
-            raise NotImplementedError("fused output quantization is not supported by the sinks + window attention")
-        if attn_metadata is None:  # the profiling run
-            return output.zero_()
-        md = attn_metadata
+    def _attend(self, query: Tensor, kv_cache: Tensor, md: SinkWindowCpuMetadata, output: Tensor) -> None:
         n = md.num_actual_tokens
-        q_sink: Tensor | None = None
         table: Tensor | None = None
-        if self.sink_tokens and self.rope is None:
-            # the layer views the packed [T, 2 * H * d] query as [2T, H, d]: token t's rows are 2t and 2t + 1
-            packed = query.view(-1, 2 * self.num_heads, self.head_size)
-            q, q_sink = packed[:n, : self.num_heads], packed[:n, self.num_heads :]
+        if self.rope is None:  # the layer packed both rotations of the query (with sinks)
+            q, q_sink = split_query(query, n, self.num_heads, self.sink_tokens)
         else:
-            q = query[:n]
+            q, q_sink = query[:n], None
             if self.sink_tokens:
                 table = self.rope.cos_sin_cache
         native.sink_window_attention(
@@ -113,7 +94,6 @@ class SinkWindowCpuImpl(SinkWindowImpl[SinkWindowCpuMetadata]):
             rope_table=table,
             neox=bool(self.rope is None or self.rope.is_neox_style),
         )
-        return output
 
     def do_kv_cache_update(
         self, layer: Any, key: Tensor, value: Tensor, kv_cache: Tensor, slot_mapping: Tensor

@@ -3,7 +3,8 @@
 It reads vLLM's paged cache in place (either layout), where the torch pass in
 ``attention.py`` copies each tile's blocks out first. Built once per machine with the
 machine's own vector unit and cached under ``$METRONOME_CACHE/kernels/vllm-<key>/`` (the
-key covers the source, the flags, the torch build and the CPU); ``available()`` says
+key covers the source, the vector header it shares with the engine's kernels
+(``kernels/vector16.h``), the flags, the torch build and the CPU); ``available()`` says
 whether it loads here, and the backend falls back to the torch pass when it does not.
 """
 
@@ -23,6 +24,8 @@ __all__ = ["available", "head_size_supported", "sink_window_attention", "store_k
 log = logging.getLogger(__name__)
 
 _SOURCE = Path(__file__).with_name("sink_window.cpp")
+# what the cache key covers: the source and the vector helpers it shares with the engine's kernels
+_KEYED = (_SOURCE, Path(__file__).parents[1] / "kernels" / "vector16.h")
 _X86 = ("x86_64", "AMD64")
 # head sizes the kernel is instantiated for: 16 floats a vector, these many vectors
 _VECTORS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
@@ -49,7 +52,9 @@ def _build_dir() -> Path:
     from ..kernels import _cpu_flags
     from ..weights import cache_dir
 
-    key = hashlib.sha256(_SOURCE.read_bytes())
+    key = hashlib.sha256()
+    for path in _KEYED:
+        key.update(path.read_bytes())
     for part in (torch.__version__, _cpu_flags(), " ".join(_cflags())):
         key.update(part.encode())
     return cache_dir() / "kernels" / f"vllm-{key.hexdigest()[:16]}"

@@ -24,55 +24,11 @@
 #include <optional>
 #include <vector>
 
+#include "../kernels/vector16.h"
+
 namespace {
 
-// 16 floats: GCC lowers these to the machine's vector unit (one AVX-512 register, two
-// AVX2 ones). aligned(4): loads from any float address.
-typedef float vf __attribute__((vector_size(64), aligned(4)));
-typedef int32_t vi __attribute__((vector_size(64), aligned(4)));
-constexpr int kLanes = 16;
 constexpr float kNegInf = -std::numeric_limits<float>::infinity();
-
-// Loads and stores through a may_alias vector type: one unaligned vector move each (a
-// memcpy into a vf became two half-width stores and a full-width reload, a store-
-// forwarding stall on every key).
-typedef float vf_mem __attribute__((vector_size(64), aligned(4), may_alias));
-
-inline vf vload(const float* p) { return *reinterpret_cast<const vf_mem*>(p); }
-
-inline void vstore(float* p, vf v) { *reinterpret_cast<vf_mem*>(p) = v; }
-
-inline vf vsplat(float x) { return vf{} + x; }
-
-inline float vmax(vf v) {
-  float m = v[0];
-  for (int i = 1; i < kLanes; ++i) m = std::max(m, v[i]);
-  return m;
-}
-
-inline float vsum(vf v) {
-  float s = 0.f;
-  for (int i = 0; i < kLanes; ++i) s += v[i];
-  return s;
-}
-
-// exp on 16 lanes (std::exp does not vectorize without -ffast-math): a degree-6
-// polynomial after range reduction by ln 2, relative error about 2e-7.
-inline vf vexp(vf x) {
-  x = x < -87.0f ? vsplat(-87.0f) : x;
-  x = x > 88.0f ? vsplat(88.0f) : x;
-  const vf n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;  // round to nearest
-  const vf r = (x - n * 0.693145751953125f) - n * 1.428606765330187045e-06f;
-  vf p = vsplat(1.9875691500e-4f);
-  p = p * r + 1.3981999507e-3f;
-  p = p * r + 8.3334519073e-3f;
-  p = p * r + 4.1665795894e-2f;
-  p = p * r + 1.6666665459e-1f;
-  p = p * r + 5.0000001201e-1f;
-  p = p * r * r + r + 1.0f;
-  const vi bits = (__builtin_convertvector(n, vi) + 127) << 23;
-  return p * __builtin_bit_cast(vf, bits);
-}
 
 // Lane j of the result is the sum of the lanes of v[j]: sixteen dot products reduced
 // together in four rounds of pairwise shuffles, not sixteen horizontal sums.
@@ -124,13 +80,13 @@ void fold(const float* q, const float* k, int64_t ks, int64_t n, int64_t G, Runn
       vf s = lane_sums(dots);
       s = lane < static_cast<float>(m) ? s : vsplat(kNegInf);
       const float m_old = st.max[g];
-      const float m_new = std::max(m_old, vmax(s));
+      const float m_new = std::max(m_old, hmax(s));
       // the running max seldom moves after the first keys: then no rescaling
-      const float corr = m_old == m_new ? 1.f : m_old == kNegInf ? 0.f : vexp(vsplat(m_old - m_new))[0];
+      const float corr = m_old == m_new ? 1.f : m_old == kNegInf ? 0.f : fast_exp(m_old - m_new);
       vf p = vexp(s - m_new);
       p = lane < static_cast<float>(m) ? p : vsplat(0.f);
       st.max[g] = m_new;
-      st.sum[g] = st.sum[g] * corr + vsum(p);
+      st.sum[g] = st.sum[g] * corr + hsum(p);
       alignas(64) float w[kLanes];
       vstore(w, p);
       float* accp = st.acc + g * D;

