@@ -95,8 +95,8 @@ class InputEncoder:
     def turn_ahead(self, slot: Slot, text: str) -> int:
         """Queue the user's turn ``text`` as context before the session's next frame; its tokens.
 
-        All but its last token go to the tick loop's prefill (appended within the tick budget,
-        no output); the last goes with the next frame, so an empty frame answers the turn.
+        All but its last token go to the tick loop's prefill (appended in ticks with no output,
+        ``_tick.py``); the last goes with the next frame, so an empty frame answers the turn.
         """
         channel = slot.channel
         if channel.inputs:

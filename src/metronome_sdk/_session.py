@@ -273,8 +273,10 @@ class Session:
     def append_nowait(self, text: str) -> int:
         """Give the user's turn ``text`` ahead of the frame that answers it; the turn's tokens.
 
-        The engine appends the turn over the next ticks, within the tick's token budget (as it
-        prefills a system prompt, ``TimingConfig.prompt_at_open``), with no output; the next
+        The engine appends the turn over the next ticks (as it prefills a system prompt,
+        ``TimingConfig.prompt_at_open``), with no output: within the tick's token budget and
+        period beside sessions that may send a frame, as fast as it can while every session has
+        such context (no frame can wait on the beat then). The next
         frame then carries only the turn's last token and its own input, so an empty frame
         (``step()``) answers the turn in one short step instead of one step as long as the turn.
         ``ValueError`` while frames are queued (the turn goes in before the next frame), or for

@@ -342,8 +342,8 @@ class VoiceAgent:
         sentence = ""
         produced = 0  # tokens: a frame may carry several (decode_tokens)
         stopped = cut = False
-        # the turn goes in ahead of the frame that answers it, over ticks within the tick budget: the
-        # frame then carries one token, and its step is a reply frame's, not one as long as the turn
+        # the turn goes in ahead of the frame that answers it (Session.append): the frame then
+        # carries one token, and its step is a reply frame's, not one as long as the turn
         await self.session.append(text)
         self._decoding = turn
         try:
