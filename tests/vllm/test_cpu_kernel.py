@@ -8,6 +8,7 @@ CPU block size and a real window, on both cache layouts, and refuses what it can
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import pytest
 
@@ -67,6 +68,12 @@ def _step(layout: KVCacheLayout, heads: int, kv_heads: int, head: int, window: i
     return {"cache": cache, "table": table, "qsl": qsl, "seq_lens": seq_lens, "raw": raw, "pos": pos}
 
 
+def _kernel(s: dict[str, Tensor], q: Tensor, q_sink: Tensor | None, out: Tensor, **settings: Any) -> Tensor:
+    """The kernel over ``_step``'s requests and cache, into ``out`` (returned); ``settings``: its keywords."""
+    native.sink_window_attention(q, q_sink, s["cache"], s["table"], s["qsl"], s["seq_lens"], out, **settings)
+    return out
+
+
 @pytest.mark.parametrize("layout", [KVCacheLayout.LBNHC, KVCacheLayout.LBHNC], ids=["NHD", "HND"])
 @pytest.mark.parametrize(("heads", "kv_heads", "head"), [(9, 3, 64), (8, 2, 128), (4, 4, 96)])
 def test_kernel_equals_torch_pass_at_model_shapes(layout: KVCacheLayout, heads: int, kv_heads: int, head: int) -> None:
@@ -91,35 +98,12 @@ def test_kernel_equals_torch_pass_at_model_shapes(layout: KVCacheLayout, heads: 
     want, _ = sink_window_attention(q, s["cache"], tiles, scale=scale, rotate=lambda at, x: _rope(x, at))
     # the packed query the layer hands over: [T, 2H, d], both rotations of a token side by side
     packed = torch.cat((q, q_sink), dim=1)
-    got = torch.full_like(q, float("nan"))
-    native.sink_window_attention(
-        packed[:, :heads],
-        packed[:, heads:],
-        s["cache"],
-        s["table"],
-        s["qsl"],
-        s["seq_lens"],
-        got,
-        window=window,
-        sinks=sinks,
-        scale=scale,
-    )
+    settings = {"window": window, "sinks": sinks, "scale": scale}
+    got = _kernel(s, packed[:, :heads], packed[:, heads:], torch.full_like(q, float("nan")), **settings)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     # the kernel rotating the query back to its in-cache position itself, from the RoPE table
-    rotated = torch.full_like(q, float("nan"))
-    native.sink_window_attention(
-        q,
-        None,
-        s["cache"],
-        s["table"],
-        s["qsl"],
-        s["seq_lens"],
-        rotated,
-        window=window,
-        sinks=sinks,
-        scale=scale,
-        rope_table=_table(int(s["seq_lens"].max()), head),
-    )
+    table = _table(int(s["seq_lens"].max()), head)
+    rotated = _kernel(s, q, None, torch.full_like(q, float("nan")), rope_table=table, **settings)
     torch.testing.assert_close(rotated, want, rtol=1e-5, atol=1e-5)
 
 
@@ -131,18 +115,13 @@ def test_kernel_rotates_the_sink_query_back_as_the_model_rotates_it(neox: bool) 
     s = _step(KVCacheLayout.LBHNC, 9, 3, 64, window, sinks)
     q = _rope(s["raw"], s["pos"], neox=neox)
     q_sink = _rope(s["raw"], in_cache_positions(s["pos"], window=window, sinks=sinks), neox=neox)
-    args = (s["cache"], s["table"], s["qsl"], s["seq_lens"])
-    want, got = torch.empty_like(q), torch.empty_like(q)
-    native.sink_window_attention(q, q_sink, *args, want, window=window, sinks=sinks, scale=0.125)
+    settings = {"window": window, "sinks": sinks, "scale": 0.125}
+    want = _kernel(s, q, q_sink, torch.empty_like(q), **settings)
     table = _table(int(s["seq_lens"].max()), 64)
-    native.sink_window_attention(
-        q, None, *args, got, window=window, sinks=sinks, scale=0.125, rope_table=table, neox=neox
-    )
+    got = _kernel(s, q, None, torch.empty_like(q), rope_table=table, neox=neox, **settings)
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
     with pytest.raises(RuntimeError, match="RoPE table has no angle"):
-        native.sink_window_attention(
-            q, None, *args, got, window=window, sinks=sinks, scale=0.125, rope_table=table[:100], neox=neox
-        )
+        _kernel(s, q, None, got, rope_table=table[:100], neox=neox, **settings)
 
 
 @pytest.fixture
@@ -154,8 +133,7 @@ def step() -> dict[str, Tensor]:
 
 def _attend(s: dict[str, Tensor], q: Tensor) -> None:
     """The kernel over ``step``'s requests with ``q`` as both rotations of the query."""
-    args = (s["cache"], s["table"], s["qsl"], s["seq_lens"], torch.empty_like(q))
-    native.sink_window_attention(q, q, *args, window=256, sinks=4, scale=0.1)
+    _kernel(s, q, q, torch.empty_like(q), window=256, sinks=4, scale=0.1)
 
 
 def test_kernel_refuses_a_block_outside_the_cache(step: dict[str, Tensor]) -> None:
