@@ -10,6 +10,11 @@ frame for each, in order: ``await s.step(frame)``, or ``await s.send(frame)`` an
 Every await is cancel-safe: cancelled, it loses nothing and leaves nothing stale. A cancelled
 ``step()`` withdraws its frame (never appended, if no tick took it yet) or its output (never
 returned by a later ``receive()``); ``interrupt()`` stops the current reply at the next tick.
+
+Why this module is past 400 lines: ``Session`` is the whole public face of a conversation
+(opening, frames both ways, a turn given ahead with ``append``, ``chat``, ``interrupt``,
+``stats``), and each method is a short delegate to the engine, most of it its documentation
+and its cancel-safety.
 """
 
 from __future__ import annotations
