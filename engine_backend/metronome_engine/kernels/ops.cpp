@@ -58,6 +58,30 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   return out;
 }
 
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+#define METRONOME_EXP8 1
+// vexp on one 8-float register, the same steps: written on the 16-float vectors, GCC turns
+// each of vexp's clamps into sixteen scalar compares and blends on AVX2 (a silu_mul of
+// 32 x 1536 floats took twice torch's time). max/min take their second operand where
+// either is NaN, so NaN still comes out NaN.
+inline __m256 exp8(__m256 x) {
+  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
+  const __m256 magic = _mm256_set1_ps(12582912.0f);  // round to nearest
+  const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), magic), magic);
+  __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f), r);
+  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
+  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
+  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
+}
+#endif
+
 // [T, 2f] (gate | up) -> silu(gate) * up, [T, f].
 at::Tensor silu_mul(const at::Tensor& gate_up) {
   check_f32(gate_up, "gate_up");
@@ -73,6 +97,14 @@ at::Tensor silu_mul(const at::Tensor& gate_up) {
       const float* u = g + f;
       float* o = op + r * f;
       int64_t i = 0;
+#ifdef METRONOME_EXP8
+      const __m256 one = _mm256_set1_ps(1.f), sign = _mm256_set1_ps(-0.f);
+      for (; i + 8 <= f; i += 8) {
+        const __m256 gv = _mm256_loadu_ps(g + i);
+        const __m256 e = exp8(_mm256_xor_ps(gv, sign));
+        _mm256_storeu_ps(o + i, _mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), _mm256_loadu_ps(u + i)));
+      }
+#endif
       for (; i + kLanes <= f; i += kLanes) {
         const vf gv = vload(g + i);
         const vf out = gv / (1.f + vexp(-gv)) * vload(u + i);
@@ -199,7 +231,7 @@ std::tuple<at::Tensor, at::Tensor> rope_store(const at::Tensor& qkv, const at::T
 // Online-softmax state of the G query heads that share one kv head, for one query token.
 struct HeadsState {
   float* max;  // [G]
-  float* sum;  // [G]
+  float* sum;  // [G, kLanes]: per lane, summed once at the end (no horizontal sum a fold)
   float* acc;  // [G, hd]
 };
 
@@ -254,7 +286,44 @@ inline vf sum16(const vf* d) {
   return out;
 }
 
-inline float vmax(vf v) { return hmax(v); }
+// A tree of four maxima, where a scalar loop over the lanes is a chain of fifteen. A NaN
+// score may be passed over here; vexp still carries it into the weights.
+inline float vmax(vf v) {
+  __m256 lo, hi;
+  std::memcpy(&lo, &v, sizeof(lo));
+  std::memcpy(&hi, reinterpret_cast<const float*>(&v) + 8, sizeof(hi));
+  const __m256 m = _mm256_max_ps(lo, hi);
+  __m128 x = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+  x = _mm_max_ps(x, _mm_movehl_ps(x, x));
+  x = _mm_max_ss(x, _mm_movehdup_ps(x));
+  return _mm_cvtss_f32(x);
+}
+
+#ifdef METRONOME_EXP8
+// The softmax's vector steps on the 16 keys' lanes, as two 8-float registers.
+inline vf exp_keys(vf s) {
+  __m256 h[2];
+  std::memcpy(h, &s, sizeof(h));
+  h[0] = exp8(h[0]);
+  h[1] = exp8(h[1]);
+  std::memcpy(&s, h, sizeof(h));
+  return s;
+}
+
+// lanes m .. 15 of s set to `fill`
+inline vf mask_keys(vf s, int64_t m, float fill) {
+  __m256 h[2];
+  std::memcpy(h, &s, sizeof(h));
+  const __m256 limit = _mm256_set1_ps(static_cast<float>(m)), f = _mm256_set1_ps(fill);
+  const __m256 lane0 = _mm256_setr_ps(0, 1, 2, 3, 4, 5, 6, 7);
+  const __m256 lane1 = _mm256_add_ps(lane0, _mm256_set1_ps(8.f));
+  h[0] = _mm256_blendv_ps(f, h[0], _mm256_cmp_ps(lane0, limit, _CMP_LT_OQ));
+  h[1] = _mm256_blendv_ps(f, h[1], _mm256_cmp_ps(lane1, limit, _CMP_LT_OQ));
+  std::memcpy(&s, h, sizeof(h));
+  return s;
+}
+#define METRONOME_KEYS_PRIMITIVES 1
+#endif
 #else
 inline vf sum16(const vf* d) {
   vf r;
@@ -265,23 +334,51 @@ inline vf sum16(const vf* d) {
 inline float vmax(vf v) { return hmax(v); }
 #endif
 
+#ifndef METRONOME_KEYS_PRIMITIVES
+inline vf exp_keys(vf s) { return vexp(s); }
+
+inline vf mask_keys(vf s, int64_t m, float fill) {
+  const vf lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+  return lane < static_cast<float>(m) ? s : vsplat(fill);
+}
+#endif
+
+// The online-softmax update of head g by up to sixteen keys' scores s (lanes from m on are
+// not keys): the running max moves, the keys' weights exp(s - max) go to `weights` and to
+// the head's running sums, and the return value is the factor its output sums must be
+// multiplied by before the weighted values are added.
+inline float softmax_update(vf s, int64_t m, HeadsState& st, int64_t g, float* weights) {
+  s = mask_keys(s, m, -std::numeric_limits<float>::infinity());
+  const float m_old = st.max[g];
+  const float m_new = std::max(m_old, vmax(s));
+  // the running max rarely moves after the first keys: skip the exp when it stays
+  const float corr = m_old == m_new                                   ? 1.f
+                     : m_old == -std::numeric_limits<float>::infinity() ? 0.f
+                                                                        : exp_keys(vsplat(m_old - m_new))[0];
+  const vf p = mask_keys(exp_keys(s - m_new), m, 0.f);
+  st.max[g] = m_new;
+  float* sum = st.sum + g * kLanes;
+  const vf total = vload(sum) * corr + p;
+  vstore(sum, total);
+  vstore(weights, p);  // read back one by one: a vector store forwards to scalar loads
+  return corr;
+}
+
 // Fold n contiguous keys (K and V rows of head_dim = 16 * NV floats) into the state,
-// each head scoring them with its own query vector (q + g * head_dim). Per head: the
-// query and the output accumulator stay in registers while the keys stream past, and
-// sixteen keys' scores are summed together (sum16), not one horizontal sum a key.
+// each head scoring them with its own query vector (q + g * head_dim). Sixteen keys at a
+// time: their K and V rows (8 KB at head_dim 64) stay in L1 while every head of the group
+// uses them, so each row comes from memory once a step for all the group's heads.
 #if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
-// AVX2: the same fold on 8-float registers. Written on the 16-float vectors above, GCC
-// kept sixteen keys' dot products (32 registers' worth, AVX2 has 16) and two sets of
-// output sums on the stack: in a decode step of 32 sessions this function was a quarter
-// of the step, most of it stores and loads of spilled registers. Here the dots are taken
-// eight keys at a time (eight sums, two FMA chains each) and folded by sum8, and the
-// output sums are 2 * NV registers, independent chains already.
+// AVX2 (16 registers of 8 floats). The dots: eight keys at a time, one 8-lane sum each, the
+// loop over head_dim outside the loop over keys, so that each 8 floats of the query are
+// loaded once for eight FMAs and the eight sums are independent chains (each FMA's other
+// operand comes from memory: 8 sums + 1 query register); sum8 folds them. The output sums
+// are 2 * NV registers a head, independent chains already.
 template <int NV>
 inline void fold_keys(const float* q, const float* k, const float* v, int64_t n, int64_t G, float scale,
                       HeadsState& st) {
   constexpr int64_t HD = kLanes * NV;
   constexpr int W = HD / 8;  // 8-float registers a row
-  const vf lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   const __m256 scale8 = _mm256_set1_ps(scale);
   for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
     const int64_t m = std::min<int64_t>(kLanes, n - j0);
@@ -289,46 +386,28 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
     const float* vr = v + j0 * HD;
     for (int64_t g = 0; g < G; ++g) {
       const float* qg = q + g * HD;
-      alignas(32) float scores[kLanes];
-#pragma GCC unroll 2
-      for (int h = 0; h < 2; ++h) {
+      alignas(64) float scores[kLanes] = {};
+      for (int h = 0; h * 8 < m; ++h) {
+        // keys past m read the last key again (its lanes are masked in softmax_update)
+        const float* kj[8];
+#pragma GCC unroll 8
+        for (int j = 0; j < 8; ++j) kj[j] = kr + std::min<int64_t>(8 * h + j, m - 1) * HD;
         __m256 dots[8];
+        const __m256 q0 = _mm256_loadu_ps(qg);
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) {
-          const int64_t key = 8 * h + j;
-          if (key < m) {
-            const float* kj = kr + key * HD;
-            __m256 a = _mm256_mul_ps(_mm256_loadu_ps(qg), _mm256_loadu_ps(kj));
-            __m256 b = _mm256_mul_ps(_mm256_loadu_ps(qg + 8), _mm256_loadu_ps(kj + 8));
+        for (int j = 0; j < 8; ++j) dots[j] = _mm256_mul_ps(q0, _mm256_loadu_ps(kj[j]));
+#pragma GCC unroll 16
+        for (int c = 1; c < W; ++c) {
+          const __m256 qc = _mm256_loadu_ps(qg + 8 * c);
 #pragma GCC unroll 8
-            for (int c = 2; c < W; c += 2) {
-              a = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * c), _mm256_loadu_ps(kj + 8 * c), a);
-              b = _mm256_fmadd_ps(_mm256_loadu_ps(qg + 8 * c + 8), _mm256_loadu_ps(kj + 8 * c + 8), b);
-            }
-            dots[j] = _mm256_add_ps(a, b);
-          } else {
-            dots[j] = _mm256_setzero_ps();
-          }
+          for (int j = 0; j < 8; ++j) dots[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kj[j] + 8 * c), dots[j]);
         }
         _mm256_store_ps(scores + 8 * h, _mm256_mul_ps(sum8(dots), scale8));
       }
-      vf s = vload(scores);
-      s = lane < static_cast<float>(m) ? s : vsplat(-std::numeric_limits<float>::infinity());
-      const float m_old = st.max[g];
-      const float m_new = std::max(m_old, vmax(s));
-      // the running max rarely moves after the first keys: skip the exp when it stays
-      const float corr = m_old == m_new                                   ? 1.f
-                         : m_old == -std::numeric_limits<float>::infinity() ? 0.f
-                                                                            : fast_exp(m_old - m_new);
-      vf p = vexp(s - m_new);
-      p = lane < static_cast<float>(m) ? p : vsplat(0.f);
-      st.max[g] = m_new;
-      st.sum[g] = st.sum[g] * corr + hsum(p);
       alignas(64) float weights[kLanes];
-      std::memcpy(weights, &p, sizeof(weights));
+      const __m256 c8 = _mm256_set1_ps(softmax_update(vload(scores), m, st, g, weights));
       float* accp = st.acc + g * HD;
       __m256 acc[W];
-      const __m256 c8 = _mm256_set1_ps(corr);
 #pragma GCC unroll 16
       for (int c = 0; c < W; ++c) acc[c] = _mm256_mul_ps(_mm256_loadu_ps(accp + 8 * c), c8);
       for (int64_t j = 0; j < m; ++j) {
@@ -346,7 +425,6 @@ template <int NV>
 inline void fold_keys(const float* q, const float* k, const float* v, int64_t n, int64_t G, float scale,
                       HeadsState& st) {
   constexpr int64_t HD = kLanes * NV;
-  const vf lane = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
   for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
     const int64_t m = std::min<int64_t>(kLanes, n - j0);
     const float* kr = k + j0 * HD;
@@ -364,20 +442,8 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
           dots[j] = vsplat(0.f);
         }
       }
-      vf s = sum16(dots);
-      s = lane < static_cast<float>(m) ? s : vsplat(-std::numeric_limits<float>::infinity());
-      const float m_old = st.max[g];
-      const float m_new = std::max(m_old, vmax(s));
-      // the running max rarely moves after the first keys: skip the exp when it stays
-      const float corr = m_old == m_new                                   ? 1.f
-                         : m_old == -std::numeric_limits<float>::infinity() ? 0.f
-                                                                            : fast_exp(m_old - m_new);
-      vf p = vexp(s - m_new);
-      p = lane < static_cast<float>(m) ? p : vsplat(0.f);
-      st.max[g] = m_new;
-      st.sum[g] = st.sum[g] * corr + hsum(p);
-      alignas(64) float weights[kLanes];  // read back one by one: a vector store forwards to scalar loads
-      std::memcpy(weights, &p, sizeof(weights));
+      alignas(64) float weights[kLanes];
+      const float corr = softmax_update(sum16(dots), m, st, g, weights);
       float* accp = st.acc + g * HD;
       // two sums, even and odd keys, halve the chain of dependent adds
       vf acc[NV], odd[NV];
@@ -414,7 +480,7 @@ inline void fold_keys_any(const float* q, const float* k, const float* v, int64_
       const float corr = m_old == -std::numeric_limits<float>::infinity() ? 0.f : fast_exp(m_old - m_new);
       const float p = fast_exp(s - m_new);
       st.max[g] = m_new;
-      st.sum[g] = st.sum[g] * corr + p;
+      st.sum[g * kLanes] = st.sum[g * kLanes] * corr + p;  // lane 0 of the head's sums
       for (int64_t d = 0; d < hd; ++d) acc[d] = acc[d] * corr + p * v[j * hd + d];
     }
   }
@@ -443,8 +509,8 @@ template <int NV>
 void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, int64_t row1,
                  std::vector<float>& scratch) {
   const int64_t G = a.G, hd = a.hd, bs = a.block_size;
-  scratch.resize(G * (2 + hd));
-  HeadsState st{scratch.data(), scratch.data() + G, scratch.data() + 2 * G};
+  scratch.resize(G * (1 + kLanes + hd));
+  HeadsState st{scratch.data(), scratch.data() + G, scratch.data() + G * (1 + kLanes)};
   auto fold = [&](const float* qq, const float* k, const float* v, int64_t n) {
     if constexpr (NV > 0) {
       fold_keys<NV>(qq, k, v, n, G, a.scale, st);
@@ -463,7 +529,7 @@ void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, in
     const float* q = a.q + (row * a.H + kh * G) * hd;
     const float* q_sink = a.q_sink + (row * a.H + kh * G) * hd;
     std::fill(st.max, st.max + G, -std::numeric_limits<float>::infinity());
-    std::fill(st.sum, st.sum + G, 0.f);
+    std::fill(st.sum, st.sum + G * kLanes, 0.f);
     std::fill(st.acc, st.acc + G * hd, 0.f);
     for (int64_t i = 0; i < a.block_count[b]; ++i) {
       const int64_t first = lg[i] * bs;
@@ -489,7 +555,7 @@ void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, in
     }
     float* o = a.out + (row * a.H + kh * G) * hd;
     for (int64_t g = 0; g < G; ++g) {
-      const float inv = 1.f / st.sum[g];
+      const float inv = 1.f / hsum(vload(st.sum + g * kLanes));
 #pragma omp simd
       for (int64_t d = 0; d < hd; ++d) o[g * hd + d] = st.acc[g * hd + d] * inv;
     }
