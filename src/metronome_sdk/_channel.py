@@ -163,6 +163,10 @@ class SessionChannel:
         if pending.frame.kind != "empty":
             self.reply = []  # new input: the next outputs are a new reply
 
+    def context_appended(self) -> None:
+        """A tick appended some of the context queued ahead of the frames (``Session.append``)."""
+        self._changed.fire()
+
     def feedback_appended(self, index: int) -> None:
         """Frame ``index``'s output token goes into the context with this tick's chunk."""
         if self.is_unread(index):

@@ -122,7 +122,9 @@ class Delivery:
         memory = slot.memory
         if memory is None:
             return
-        if not pending.started and entry.taken:  # a frame with input begins its turn after the fed-back token
+        # a frame with input begins its turn after the fed-back token; an empty frame carries only
+        # context's last token (a prompt's, or a turn's given with Session.append): no turn of its own
+        if not pending.started and entry.taken and pending.frame.kind != "empty":
             memory.turn_started(slot.num_tokens + len(entry.tokens) - entry.taken)
         lost = memory.update(num_tokens)
         if lost.tokens:

@@ -92,6 +92,35 @@ class InputEncoder:
         channel.put_input(pending)
         return pending
 
+    def turn_ahead(self, slot: Slot, text: str) -> int:
+        """Queue the user's turn ``text`` as context before the session's next frame; its tokens.
+
+        All but its last token go to the tick loop's prefill (appended in ticks with no output,
+        ``_tick.py``); the last goes with the next frame, so an empty frame answers the turn.
+        """
+        channel = slot.channel
+        if channel.inputs:
+            raise ValueError(
+                f"session {slot.session_id} has {len(channel.inputs)} frames queued: a turn given with append() "
+                "goes in before the next frame, so read the queued frames' outputs first; nothing was queued"
+            )
+        tokens = self.frame(InputFrame.from_text(text), rendered=slot.rendered)
+        if not tokens:
+            raise ValueError("append() needs text that is not empty; nothing was queued")
+        slot.rendered = True
+        head: list[int] = []
+        if slot.feedback is not None:  # the last reply's last token goes in first: the model sees its reply
+            token, index = slot.feedback
+            channel.feedback_appended(index)
+            slot.feedback, head = None, [token]
+        if slot.memory is not None:  # the turn begins after the context before it and the fed-back token
+            slot.memory.turn_started(slot.num_tokens + len(slot.prefill) + len(slot.prefix) + len(head))
+        context = slot.prefix + head + tokens
+        slot.prefill.extend(context[:-1])
+        slot.prefix = context[-1:]
+        channel.reply = []  # new input: the next outputs are a new reply (what interrupt() keeps)
+        return len(tokens)
+
     @staticmethod
     def withdrawn(slot: Slot, pending: Pending) -> None:
         """``pending`` left the queue unappended (a cancelled step, an interrupt): hand back what it carried."""

@@ -508,6 +508,14 @@ class Engine:
         self._loop.wake()
         self._loop.ensure_running(self._tg)
 
+    def _append(self, slot: Slot, text: str) -> int:
+        """Queue ``text`` as a turn ahead of the next frame (``Session.append``); its tokens."""
+        assert self._encoder is not None and self._loop is not None
+        tokens = self._encoder.turn_ahead(slot, text)
+        self._loop.wake()
+        self._loop.ensure_running(self._tg)
+        return tokens
+
     def _withdrawn(self, slot: Slot, pending: Pending) -> None:
         assert self._encoder is not None
         self._encoder.withdrawn(slot, pending)

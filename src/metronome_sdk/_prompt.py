@@ -1,9 +1,10 @@
-"""System prompts prefilled as their sessions open (``TimingConfig.prompt_at_open``).
+"""Context appended ahead of a session's frames: system prompts prefilled as their sessions
+open (``TimingConfig.prompt_at_open``), and turns given with ``Session.append``.
 
-The tick loop appends a session's prompt, all but its last token, with the tick budget's
-tokens before the session's first frame; the first frame then carries only its own input
-(and the prompt's last token, so that an empty first frame still has a token to go on from).
-This module applies what a tick's step did to those prompts.
+The tick loop appends that context, all but its last token, with the tick budget's tokens
+before the session's next frame; the frame then carries only its own input (and the
+context's last token, so that an empty frame still has a token to go on from). This module
+applies what a tick's step did to that context.
 """
 
 from __future__ import annotations
@@ -29,15 +30,17 @@ def prompts_prefilled(prefills: list[tuple[Slot, int]], result: WorkResult, firs
             continue
         if out.stall is not None:
             _with_first_frame(slot)
+            slot.channel.context_appended()  # an append() waiting on it returns: the frame reports the stall
             continue
         del slot.prefill[:n]
         slot.num_tokens, slot.num_blocks = out.num_tokens, out.num_blocks
         if slot.memory is not None:
             slot.memory.update(out.num_tokens)
+        slot.channel.context_appended()
 
 
 def _with_first_frame(slot: Slot) -> None:
-    """No room now: the rest of the prompt goes with the first frame, whose step reports the stall as usual."""
+    """No room now: the rest of the context goes with the next frame, whose step reports the stall as usual."""
     rest, slot.prefill = slot.prefill, []
     inputs = slot.channel.inputs
     if inputs and not inputs[0].started:

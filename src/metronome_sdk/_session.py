@@ -10,6 +10,11 @@ frame for each, in order: ``await s.step(frame)``, or ``await s.send(frame)`` an
 Every await is cancel-safe: cancelled, it loses nothing and leaves nothing stale. A cancelled
 ``step()`` withdraws its frame (never appended, if no tick took it yet) or its output (never
 returned by a later ``receive()``); ``interrupt()`` stops the current reply at the next tick.
+
+Why this module is past 400 lines: ``Session`` is the whole public face of a conversation
+(opening, frames both ways, a turn given ahead with ``append``, ``chat``, ``interrupt``,
+``stats``), and each method is a short delegate to the engine, most of it its documentation
+and its cancel-safety.
 """
 
 from __future__ import annotations
@@ -269,6 +274,35 @@ class Session:
                 await anyio.lowlevel.cancel_shielded_checkpoint()  # queued: a cancel now must not hide that
                 return index
             await slot.channel.input_room()
+
+    def append_nowait(self, text: str) -> int:
+        """Give the user's turn ``text`` ahead of the frame that answers it; the turn's tokens.
+
+        The engine appends the turn over the next ticks (as it prefills a system prompt,
+        ``TimingConfig.prompt_at_open``), with no output: within the tick's token budget and
+        period beside sessions that may send a frame, as fast as it can while every session has
+        such context (no frame can wait on the beat then). The next
+        frame then carries only the turn's last token and its own input, so an empty frame
+        (``step()``) answers the turn in one short step instead of one step as long as the turn.
+        ``ValueError`` while frames are queued (the turn goes in before the next frame), or for
+        empty text.
+        """
+        if not isinstance(text, str):
+            raise ValueError(f"append() takes the turn's text as a str, got {type(text).__name__}")
+        slot = self._check_open()
+        assert self._engine is not None
+        return self._engine._append(slot, text)
+
+    async def append(self, text: str) -> int:
+        """``append_nowait``, then wait until the engine has appended the turn (all but its last
+        token, which goes with the next frame). Cancelled while waiting, the turn still goes in."""
+        tokens = self.append_nowait(text)
+        slot = self._require_slot()
+        while slot.prefill:
+            self._check_open()
+            await slot.channel.changed()
+        await anyio.lowlevel.checkpoint()
+        return tokens
 
     def receive_nowait(self) -> OutputFrame | None:
         """The next output frame if one is here, else ``None``; raises as ``receive()`` does."""

@@ -25,8 +25,8 @@ class Slot:
     channel: SessionChannel
     sampling: SamplingParams | None
     log: Any  # the session's bound logger
-    prefix: list[int] = field(default_factory=list)  # the system prompt, appended with the first frame
-    prefill: list[int] = field(default_factory=list)  # the system prompt, appended before it (prompt_at_open)
+    prefix: list[int] = field(default_factory=list)  # context (a system prompt, a turn) going with the next frame
+    prefill: list[int] = field(default_factory=list)  # context appended before it (prompt_at_open, Session.append)
     rendered: bool = False  # the chat template's preamble was sent
     memory: ConversationMemory | None = None  # what its model still sees (docs/sessions.md)
     pinned_blocks: int = 0  # blocks the pinned prompt adds to the session's bound (the memory guard counts them)

@@ -7,8 +7,12 @@ classifies what the step did for each frame (``_outcome.classify``), and applies
 (``_delivery.Delivery``). Ticks come at most one per ``TimingConfig.period``, keeping the
 metronome's phase. A step that runs past the watchdog's limit is judged slow (within its
 tokens' measured cost: load is shed) or stuck (its frames are answered at once);
-``max_failed_ticks`` failed ticks in a row shut the engine down. System prompts prefilled at
-open (``TimingConfig.prompt_at_open``) share the budget with frames (``_prompt.py``).
+``max_failed_ticks`` failed ticks in a row shut the engine down. Context queued ahead of
+frames (system prompts prefilled at open, ``TimingConfig.prompt_at_open``; turns given with
+``Session.append``) shares the budget with frames (``_prompt.py``); while every session has
+such context, no frame can be waiting on the beat, so those ticks are neither paced nor held to
+the budget (``max_chunk_tokens`` still caps each chunk) and leave the metronome's phase alone:
+the context goes in as soon as it can, and the frame that follows goes at once.
 
 Why this module is past 400 lines: one tick's phases (gather, dispatch, the watchdog's
 verdicts on that tick's step, apply) share its entries and the loop's pacing; each pure part
@@ -143,6 +147,12 @@ class TickLoop:
     def _has_work(self) -> bool:
         return any(s.channel.inputs or s.prefill for s in self.shared.slots.values())
 
+    def _context_only(self) -> bool:
+        """Every session has context to append before its frames (which wait on it): no beat to keep.
+        Not after a failed tick, which is retried a period later as any other."""
+        slots = self.shared.slots.values()
+        return bool(slots) and all(s.prefill for s in slots) and self.counters.failed_in_row == 0
+
     async def run(self) -> None:
         try:
             while not self.shared.closed:
@@ -152,7 +162,7 @@ class TickLoop:
                     await self._wake.wait()
                     continue
                 delay = self._next_tick - anyio.current_time()
-                if delay > 0:
+                if delay > 0 and not self._context_only():
                     await anyio.sleep(delay)  # the metronome: at most one tick per period
                     continue
                 with anyio.CancelScope(shield=True):
@@ -166,7 +176,7 @@ class TickLoop:
 
     # gathering -----------------------------------------------------------------------------------
 
-    def gather(self) -> list[Entry]:
+    def gather(self, *, ahead: bool = False) -> list[Entry]:
         """This tick's chunk of every session with input, within the tick's token budget."""
         heads: dict[int, tuple[Slot, list[int]]] = {}
         prefills: dict[int, Slot] = {}
@@ -197,7 +207,9 @@ class TickLoop:
             demands.append(Demand(slot.session_id, need, slot.decode_tokens, talking, slot.waited))
         step_cost = self.cost.step_tokens() if self.cost.ready else 0
         self.budget_now = tick_budget(self.timing, self.cost)
-        plan = plan_tick(demands, budget=self.budget_now, max_chunk=self.timing.max_chunk_tokens, step_cost=step_cost)
+        # ``ahead``: only context, no frame on the beat to keep within the deadline; max_chunk still caps it
+        budget = None if ahead else self.budget_now
+        plan = plan_tick(demands, budget=budget, max_chunk=self.timing.max_chunk_tokens, step_cost=step_cost)
         entries = []
         self._waiting = []
         self._prefills = []
@@ -225,14 +237,16 @@ class TickLoop:
     # dispatch ------------------------------------------------------------------------------------
 
     async def tick(self) -> None:
-        entries = self.gather()
+        ahead = self._context_only()
+        entries = self.gather(ahead=ahead)
         prefills = self._prefills
         if not entries and not prefills:
             return
         start, period = anyio.current_time(), self.timing.period
-        # keep the metronome's phase unless a whole period was lost (idle, or a slow step)
-        base = self._next_tick if start - self._next_tick < period else start
-        self._next_tick = base + period
+        if not ahead:  # context alone keeps no beat: the frame after it need not wait a period
+            # keep the metronome's phase unless a whole period was lost (idle, or a slow step)
+            base = self._next_tick if start - self._next_tick < period else start
+            self._next_tick = base + period
         for e in entries:
             e.slot.in_tick = e.pending.in_tick = True
             # several tokens decoded in the tick: interrupt() stops the rounds and counts those begun

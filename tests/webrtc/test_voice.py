@@ -15,7 +15,7 @@ import pytest
 from aiortc.mediastreams import MediaStreamError
 
 from metronome_engine import KVPolicy
-from metronome_sdk import CacheExhausted, EngineStalled, OutputFrame, Session, TimingConfig
+from metronome_sdk import CacheExhausted, EngineStalled, OutputFrame, Session, TickReport, TimingConfig
 from metronome_sdk._session import FrameLike
 from metronome_sdk.transports import MemoryTransport, Transport
 from metronome_sdk.voice import EspeakTTS, PocketSphinxSTT, VoiceActivityDetector, VoiceAgent
@@ -161,6 +161,36 @@ async def test_a_voice_agent_sends_each_reply_frame_just_before_the_tick_that_ta
         assert all(e <= beat_lead + 1e-3 for e in early), early
     else:  # sent at once: each waited most of a period for the tick
         assert all(e > period / 2 for e in early), early
+
+
+async def test_a_voice_agent_gives_the_question_ahead_so_every_frame_appends_one_token() -> None:
+    # a frame carrying the whole question is a step as long as the question (the demo's one late
+    # frame); appended ahead (Session.append), the question's tokens go in ticks with no frame
+    reports: list[TickReport] = []
+    engine = make_engine(
+        KVPolicy.full(), num_blocks=128, timing=TimingConfig(period=0.001, deadline=60.0), on_tick=reports.append
+    )
+    question = "what is the capital of france"
+    async with engine, engine.session("be brief") as session, MemoryTransport() as transport:
+        agent = VoiceAgent(session, transport, stt=FixedSTT(question), tts=ToneTTS(), max_reply_tokens=5)
+
+        async def read() -> None:
+            async for event in transport.events():
+                if event["type"] == "transcript" and event["role"] == "assistant" and event["final"]:
+                    transport.hang_up()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(read)
+            await transport.push_audio(np.concatenate([_tone(0.6), _quiet(1.0)]), RATE)
+            with anyio.fail_after(20):
+                await agent.run()
+            await transport.aclose()
+        stats = session.stats()
+    framed = [r.tokens for r in reports if r.latencies]
+    # the question's last token, then each reply token fed back (up to 5, fewer if the model stops)
+    assert stats.frames >= 1 and framed == [1] * stats.frames, framed
+    assert sum(r.tokens for r in reports if not r.latencies) >= len(question)  # the prompt and the question
+    assert stats.turns == 1
 
 
 async def test_a_voice_agent_refuses_a_bad_beat_lead() -> None:

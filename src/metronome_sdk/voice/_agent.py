@@ -342,20 +342,21 @@ class VoiceAgent:
         sentence = ""
         produced = 0  # tokens: a frame may carry several (decode_tokens)
         stopped = cut = False
-        frame: str | None = text
+        # the turn goes in ahead of the frame that answers it (Session.append): the frame then
+        # carries one token, and its step is a reply frame's, not one as long as the turn
+        await self.session.append(text)
         self._decoding = turn
         try:
             while True:
                 await self._on_beat()
-                if frame is None and turn.number <= self._cut:  # cut while the agent was not stepping
+                if turn.number <= self._cut:  # cut while the agent was not stepping
                     cut = True
                     break
                 try:
-                    out = await self.session.step(frame)
+                    out = await self.session.step()
                 except TurnInterrupted:  # barge-in withdrew this frame: its tokens are not the reply's
                     cut = True
                     break
-                frame = None
                 produced += max(1, len(out.tokens))
                 stopped = out.stop
                 await self.transport.send_event(frame_event(out, deadline))
