@@ -15,6 +15,8 @@
 
 #include "chunk_attention.h"
 
+#include "vector16.h"  // exp8
+
 #include <algorithm>
 #include <cstring>
 #include <limits>
@@ -33,25 +35,6 @@ constexpr int kLanes = 24;      // query vectors of a tile: three 8-float regist
 constexpr int kNV = kLanes / 8;
 constexpr int64_t kKeys = 128;  // key rows per softmax chunk: 12 KB of scores (L1)
 constexpr int32_t kFar = 1 << 30;
-
-// ops.cpp's exp (vexp) on 8 lanes: the clamp keeps NaN (max/min return their second
-// operand for it), so a NaN score reaches its row's output, as there.
-inline __m256 exp8(__m256 x) {
-  x = _mm256_min_ps(_mm256_set1_ps(88.0f), _mm256_max_ps(_mm256_set1_ps(-87.0f), x));
-  const __m256 big = _mm256_set1_ps(12582912.0f);
-  const __m256 n = _mm256_sub_ps(_mm256_fmadd_ps(x, _mm256_set1_ps(1.44269504088896341f), big), big);
-  const __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.428606765330187045e-06f),
-                                    _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145751953125f), x));
-  __m256 p = _mm256_set1_ps(1.9875691500e-4f);
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.3981999507e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(8.3334519073e-3f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(4.1665795894e-2f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.6666665459e-1f));
-  p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(5.0000001201e-1f));
-  p = _mm256_add_ps(_mm256_fmadd_ps(_mm256_mul_ps(p, r), r, r), _mm256_set1_ps(1.0f));
-  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_mul_ps(p, _mm256_castsi256_ps(bits));
-}
 
 inline int32_t clamp32(int64_t x) { return static_cast<int32_t>(std::clamp<int64_t>(x, -kFar, kFar)); }
 
