@@ -141,17 +141,7 @@ async def test_a_voice_agent_sends_each_reply_frame_just_before_the_tick_that_ta
                 session, transport, stt=FixedSTT("hi"), tts=ToneTTS(), max_reply_tokens=4, beat_lead=beat_lead
             )
 
-            async def read() -> None:
-                async for event in transport.events():
-                    if event["type"] == "transcript" and event["role"] == "assistant" and event["final"]:
-                        transport.hang_up()
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(read)
-                await transport.push_audio(np.concatenate([_tone(0.6), _quiet(1.0)]), RATE)
-                with anyio.fail_after(20):
-                    await agent.run()
-                await transport.aclose()
+            await _one_turn(agent, transport)
     finally:
         await engine.aclose()
     replies = session.sent[1:]  # the turn's first frame follows the transcription, not a tick
@@ -174,17 +164,7 @@ async def test_a_voice_agent_gives_the_question_ahead_so_every_frame_appends_one
     async with engine, engine.session("be brief") as session, MemoryTransport() as transport:
         agent = VoiceAgent(session, transport, stt=FixedSTT(question), tts=ToneTTS(), max_reply_tokens=5)
 
-        async def read() -> None:
-            async for event in transport.events():
-                if event["type"] == "transcript" and event["role"] == "assistant" and event["final"]:
-                    transport.hang_up()
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read)
-            await transport.push_audio(np.concatenate([_tone(0.6), _quiet(1.0)]), RATE)
-            with anyio.fail_after(20):
-                await agent.run()
-            await transport.aclose()
+        await _one_turn(agent, transport)
         stats = session.stats()
     framed = [r.tokens for r in reports if r.latencies]
     # the question's last token, then each reply token fed back (up to 5, fewer if the model stops)
@@ -252,3 +232,19 @@ def test_espeak_speaks_and_pocketsphinx_hears_words() -> None:
 def test_espeak_tts_names_the_fix_when_the_program_is_missing() -> None:
     with pytest.raises(FileNotFoundError, match="apt-get install espeak-ng"):
         EspeakTTS(executable="no-such-espeak")
+
+
+async def _one_turn(agent: VoiceAgent, transport: MemoryTransport) -> None:
+    """One spoken turn (a tone, then quiet) through ``agent``, hanging up at the final reply."""
+
+    async def read() -> None:
+        async for event in transport.events():
+            if event["type"] == "transcript" and event["role"] == "assistant" and event["final"]:
+                transport.hang_up()
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(read)
+        await transport.push_audio(np.concatenate([_tone(0.6), _quiet(1.0)]), RATE)
+        with anyio.fail_after(20):
+            await agent.run()
+        await transport.aclose()
