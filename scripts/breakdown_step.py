@@ -35,7 +35,6 @@ from pathlib import Path
 from typing import Any
 
 _AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-_SOURCES = ("ops.cpp", "tiles.cpp", "groups.cpp")
 _clock = time.perf_counter
 
 
@@ -65,7 +64,8 @@ def build_variant(name: str, src: Path, isa: str) -> Any:
     _put_ninja_on_path()
     cpp_extension.load(
         name=f"{ns}_kernels",
-        sources=[str(src / s) for s in _SOURCES],
+        # every .cpp in DIR: the build's files change (chunk_attention.cpp came after this script)
+        sources=[str(f) for f in sorted(src.glob("*.cpp"))],
         extra_cflags=flags,
         extra_ldflags=["-fopenmp"],
         build_directory=str(target),
