@@ -417,15 +417,7 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
       vf qv[NV];
       for (int c = 0; c < NV; ++c) qv[c] = vload(q + g * HD + c * kLanes) * scale;
       vf dots[kLanes];
-      for (int64_t j = 0; j < kLanes; ++j) {
-        if (j < m) {
-          vf dot = qv[0] * vload(kr + j * HD);
-          for (int c = 1; c < NV; ++c) dot += qv[c] * vload(kr + j * HD + c * kLanes);
-          dots[j] = dot;
-        } else {
-          dots[j] = vsplat(0.f);
-        }
-      }
+      key_dots<NV>(qv, kr, HD, m, dots);
       alignas(64) float weights[kLanes];
       const float corr = softmax_update(sum16(dots), m, st, g, weights);
       float* accp = st.acc + g * HD;

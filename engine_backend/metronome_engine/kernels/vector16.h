@@ -86,6 +86,22 @@ inline vf vexp(vf x) {
 
 inline float fast_exp(float x) { return vexp(vsplat(x))[0]; }
 
+// The products of a query (NV pieces of 16 floats, qv) with up to sixteen keys, key j's
+// pieces at k + j * stride: dots[j] holds its 16 partial sums (keys m .. 15: zeros), to be
+// summed across lanes by the caller, sixteen keys at once.
+template <int NV>
+inline void key_dots(const vf* qv, const float* k, int64_t stride, int64_t m, vf* dots) {
+  for (int64_t j = 0; j < kLanes; ++j) {
+    if (j < m) {
+      vf dot = qv[0] * vload(k + j * stride);
+      for (int c = 1; c < NV; ++c) dot += qv[c] * vload(k + j * stride + c * kLanes);
+      dots[j] = dot;
+    } else {
+      dots[j] = vsplat(0.f);
+    }
+  }
+}
+
 #if defined(__AVX2__) && defined(__FMA__)
 // vexp on one 8-float register, the same steps, for the AVX2 kernels (ops.cpp's fold and
 // SiLU, chunk_attention.cpp): written on the 16-float vectors GCC split each step in two

@@ -68,15 +68,7 @@ void fold(const float* q, const float* k, int64_t ks, int64_t n, int64_t G, Runn
       vf qv[NV];
       for (int c = 0; c < NV; ++c) qv[c] = vload(q + g * D + c * kLanes);
       vf dots[kLanes];
-      for (int64_t j = 0; j < kLanes; ++j) {
-        if (j < m) {
-          vf dot = qv[0] * vload(kr + j * ks);
-          for (int c = 1; c < NV; ++c) dot += qv[c] * vload(kr + j * ks + c * kLanes);
-          dots[j] = dot;
-        } else {
-          dots[j] = vsplat(0.f);
-        }
-      }
+      key_dots<NV>(qv, kr, ks, m, dots);
       vf s = lane_sums(dots);
       s = lane < static_cast<float>(m) ? s : vsplat(kNegInf);
       const float m_old = st.max[g];
