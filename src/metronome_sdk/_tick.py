@@ -96,7 +96,7 @@ class TickLoop:
         self._stop_ids = stop_ids
         self.budget_now: int | None = None  # the last tick's budget
         self._waiting: list[int] = []  # sessions that waited on the last tick's budget
-        self._prefills: list[tuple[Slot, int]] = []  # this tick's system prompts prefilled ahead (prompt_at_open)
+        self._prefills: list[tuple[Slot, int]] = []  # this tick's context appended ahead (a prompt, a turn)
         self._room = room
         self._free = free
         self._fail = fail
@@ -183,7 +183,7 @@ class TickLoop:
         demands = []
         for slot in self.shared.slots.values():
             channel = slot.channel
-            if slot.prefill:  # its system prompt goes in first: its frames wait until it has
+            if slot.prefill:  # its context (a prompt, a turn) goes in first: its frames wait until it has
                 prefills[slot.session_id] = slot
                 demands.append(Demand(slot.session_id, len(slot.prefill), 1, False, slot.waited))
                 continue
