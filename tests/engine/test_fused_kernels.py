@@ -78,6 +78,21 @@ def test_greedy_rows_matches_argmax_and_flags_non_finite_rows(ops: Any) -> None:
     assert best[:3].tolist() == logits[:3].argmax(-1).tolist() and best[1] == 1006 and best[2] == 10
 
 
+@pytest.mark.parametrize("vocab", [1, 5, 31, 32, 33, 49152])
+def test_greedy_rows_takes_the_first_of_tied_maxima_in_any_lane(ops: Any, vocab: int) -> None:
+    # the kernel keeps a maximum per vector lane: ties within one lane, across lanes and
+    # between the lanes and the tail must all give the first index, as torch.argmax
+    gen = torch.Generator().manual_seed(vocab)
+    logits = torch.randint(-3, 3, (8, vocab), generator=gen).float()  # many ties
+    for row, spots in enumerate([[0], [vocab - 1], [3, 35], [40, 8], [vocab // 2, vocab - 1]]):
+        logits[row, [s for s in spots if s < vocab]] = 9.0
+    logits[5] = float("-inf")  # finite is False, the choice the first index
+    logits[6] = -1.0
+    best, finite = ops.greedy_rows(logits)
+    assert best.tolist() == logits.argmax(-1).tolist()
+    assert finite.tolist() == [True] * 5 + [False, True, True]
+
+
 @pytest.mark.parametrize("rows", [1, 5, 32, 40])
 @pytest.mark.parametrize(("k", "n"), [(64, 96), (48, 70)])
 def test_linear_on_float32_weights_matches_mm(ops: Any, rows: int, k: int, n: int) -> None:
