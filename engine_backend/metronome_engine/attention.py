@@ -61,18 +61,19 @@ class StepTokens:
                 logit_rows.extend(range(base, base + ch.n_new))
             else:
                 logit_rows.append(base + ch.n_new - 1)
-        pos = torch.tensor(positions, dtype=torch.int64)
         sink_positions: Tensor | None = None
         if policy.window is not None and any(pinned):
-            # in-cache position of query t: (pinned tokens it sees) + (window tokens it sees) - 1
-            p = torch.tensor(pinned, dtype=torch.int64)
-            n_pinned_t = torch.minimum(pos + 1, p)
-            lo_t = torch.maximum(pos - policy.window + 1, p)
-            sink_positions = n_pinned_t + torch.clamp(pos - lo_t + 1, min=0) - 1
+            # in-cache position of query t: (pinned tokens it sees) + (window tokens it sees) - 1;
+            # on Python ints: four torch ops on a step's few rows cost about 25 us, this 5 us
+            w = policy.window
+            in_cache = [
+                min(t + 1, p) + max(t - max(t - w + 1, p) + 1, 0) - 1 for t, p in zip(positions, pinned, strict=True)
+            ]
+            sink_positions = torch.tensor(in_cache, dtype=torch.int64, device=device)
         all_rows = len(logit_rows) == len(positions)
         return cls(
-            positions=pos.to(device),
-            sink_positions=sink_positions.to(device) if sink_positions is not None else None,
+            positions=torch.tensor(positions, dtype=torch.int64, device=device),
+            sink_positions=sink_positions,
             slot_mapping=torch.tensor(slot_mapping, dtype=torch.int64, device=device),
             logit_rows=None if all_rows else torch.tensor(logit_rows, dtype=torch.int64, device=device),
         )

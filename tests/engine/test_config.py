@@ -10,7 +10,7 @@ import torch
 
 from metronome_engine import EngineCore, KVPolicy, ModelConfig
 from metronome_engine.config import RopeScaling
-from metronome_engine.model import LlamaModel, rope_inv_freq
+from metronome_engine.model import LlamaModel, RopeTable, rope_cos_sin, rope_inv_freq
 
 from .tiny import FAMILY_CONFIGS, tiny_family
 
@@ -63,6 +63,17 @@ def test_scaled_rope_frequencies_equal_hf_transformers(family: str) -> None:
     plain = rope_inv_freq(ModelConfig.from_hf(hf.config.to_dict() | {"rope_scaling": None, "rope_parameters": None}))
     assert torch.equal(ours, hf.model.rotary_emb.inv_freq)
     assert not torch.equal(ours, plain)
+
+
+def test_rope_table_rows_equal_the_angles_computed_directly() -> None:
+    # the table grows past 1024 positions, stops at its limit, and beyond it computes directly
+    inv = rope_inv_freq(ModelConfig.from_hf(_config(rope_theta=100000.0)))
+    table = RopeTable(limit=4096)
+    for positions in ([0, 5, 1023], [1024, 7, 3000], [4095, 4096, 10**7], []):
+        pos = torch.tensor(positions, dtype=torch.int64)
+        got, want = table(inv, pos), rope_cos_sin(inv, pos)
+        assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert table.size == 4096
 
 
 @pytest.mark.parametrize(
