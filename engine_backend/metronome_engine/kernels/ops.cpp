@@ -34,6 +34,50 @@ namespace {
 using metronome::check_f32;
 using metronome::check_i64;
 
+// The sum of x[i]^2 over a row: four partial sums, independent chains (one `omp simd`
+// sum was a single chain of dependent adds: 32 rows of 576 took 5.6 us on AVX2).
+#if defined(__AVX2__) && defined(__FMA__) && !defined(__AVX512F__)
+inline float sum_squares(const float* x, int64_t n) {
+  __m256 a0 = _mm256_setzero_ps(), a1 = a0, a2 = a0, a3 = a0;
+  int64_t i = 0;
+  for (; i + 32 <= n; i += 32) {
+    const __m256 v0 = _mm256_loadu_ps(x + i), v1 = _mm256_loadu_ps(x + i + 8);
+    const __m256 v2 = _mm256_loadu_ps(x + i + 16), v3 = _mm256_loadu_ps(x + i + 24);
+    a0 = _mm256_fmadd_ps(v0, v0, a0);
+    a1 = _mm256_fmadd_ps(v1, v1, a1);
+    a2 = _mm256_fmadd_ps(v2, v2, a2);
+    a3 = _mm256_fmadd_ps(v3, v3, a3);
+  }
+  for (; i + 8 <= n; i += 8) {
+    const __m256 v = _mm256_loadu_ps(x + i);
+    a0 = _mm256_fmadd_ps(v, v, a0);
+  }
+  const __m256 s = _mm256_add_ps(_mm256_add_ps(a0, a1), _mm256_add_ps(a2, a3));
+  __m128 h = _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps(s, 1));
+  h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+  float ss = _mm_cvtss_f32(_mm_add_ss(h, _mm_movehdup_ps(h)));
+  for (; i < n; ++i) ss += x[i] * x[i];
+  return ss;
+}
+#else
+inline float sum_squares(const float* x, int64_t n) {
+  vf a0 = vf{}, a1 = vf{};
+  int64_t i = 0;
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    const vf v0 = vload(x + i), v1 = vload(x + i + kLanes);
+    a0 += v0 * v0;
+    a1 += v1 * v1;
+  }
+  for (; i + kLanes <= n; i += kLanes) {
+    const vf v = vload(x + i);
+    a0 += v * v;
+  }
+  float ss = hsum(a0 + a1);
+  for (; i < n; ++i) ss += x[i] * x[i];
+  return ss;
+}
+#endif
+
 // x * rsqrt(mean(x^2) + eps) * w, per row.
 at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
   check_f32(x, "x");
@@ -50,10 +94,7 @@ at::Tensor rms_norm(const at::Tensor& x, const at::Tensor& w, double eps) {
     for (int64_t r = lo; r < hi; ++r) {
       const float* xr = xp + r * n;
       float* orow = op + r * n;
-      float ss = 0.f;
-#pragma omp simd reduction(+ : ss)
-      for (int64_t i = 0; i < n; ++i) ss += xr[i] * xr[i];
-      const float inv = 1.f / std::sqrt(ss / static_cast<float>(n) + feps);
+      const float inv = 1.f / std::sqrt(sum_squares(xr, n) / static_cast<float>(n) + feps);
 #pragma omp simd
       for (int64_t i = 0; i < n; ++i) orow[i] = xr[i] * inv * wp[i];
     }
