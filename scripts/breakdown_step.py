@@ -14,10 +14,11 @@ shared machine, the time it waited for a core is left out (with two, so is the o
 
 Per variant and thread count it prints the median of: the whole step (``engine.step``, as
 ``bench step`` times it); the decoder layers' one call; the head (the 8-bit output layer);
-and a second, split run where each layer's kernels are called one by one from Python and
-timed apiece: the dense layers (qkv, o_proj, gate_up, down_proj), attention, rope_store,
-the norms and silu_mul. "python" is the whole step less the layers' call, the head, the
-final norm and the greedy pass: the engine's own Python.
+the final norm and the greedy pass over the logits; and a second, split run where each
+layer's kernels are called one by one from Python and timed apiece: the dense layers (qkv,
+o_proj, gate_up, down_proj), attention, rope_store, the norms and silu_mul. "python" is the
+whole step less the layers' call, the head, the final norm and the greedy pass: the
+engine's own Python.
 """
 
 from __future__ import annotations
@@ -204,6 +205,8 @@ def main() -> None:
                 parts = {k: v * 1e3 for k, v in coarse.times.items()}
                 samples[name]["layers_call"].append(parts.get("layers", 0.0))
                 samples[name]["head"].append(parts.get("head", 0.0))
+                samples[name]["final_norm"].append(parts.get("final_norm", 0.0))
+                samples[name]["greedy"].append(parts.get("greedy_rows", 0.0))
                 samples[name]["python"].append(whole - sum(parts.values()))
                 fine = TimedOps(ops, split=True)
                 step(name, fine)
