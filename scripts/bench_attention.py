@@ -32,6 +32,7 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], help="NAME=DIR of kernel sources")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"])
     parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=1, help="steps per timing (a few layers' K/V stay in cache)")
     parser.add_argument("--context-lo", type=int, default=128)
     parser.add_argument("--context-hi", type=int, default=272)
     parser.add_argument(
@@ -105,8 +106,9 @@ def main() -> None:
         for _ in range(args.reps):
             for name, ops in variants.items():
                 t = clock()
-                attend(ops)
-                times[name].append((clock() - t) * 1e3)
+                for _ in range(args.calls):
+                    attend(ops)
+                times[name].append((clock() - t) * 1e3 / args.calls)
             t = clock()
             read_floor()
             times["read"].append((clock() - t) * 1e3)
@@ -120,7 +122,7 @@ def main() -> None:
             base = statistics.median(times[first])
             paired = statistics.median(y / x for x, y in zip(times[first], times[name], strict=True))
             print(
-                f"  {name}: {ms:.2f} ms ({kv_bytes / ms / 1e6:.1f} GB/s of K/V), {ms / base:.3f}x {first} "
+                f"  {name}: {ms:.3f} ms ({kv_bytes / ms / 1e6:.1f} GB/s of K/V), {ms / base:.3f}x {first} "
                 f"(median of paired ratios {paired:.3f})",
                 flush=True,
             )
