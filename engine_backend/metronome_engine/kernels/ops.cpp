@@ -216,8 +216,9 @@ std::tuple<at::Tensor, at::Tensor> rope_store(const at::Tensor& qkv, const at::T
 // current block, so that memory stays busy while the fold computes. All of its 128 lines
 // (8 KB) fetched at the block's start took every fill buffer: the fold waited for most of
 // them to arrive, then computed with memory idle, so a block cost its read plus its
-// arithmetic. Into L2 (prefetcht2), not L1: faster in scripts/probe_kv_read.cpp and in
-// scripts/bench_attention.py (see docs/engine.md).
+// arithmetic (scripts/probe_kv_read.cpp). Spread, attention took 0.73-0.75x the time from
+// memory (AVX2, one or two threads, scripts/bench_attention.py; docs/engine.md). Into L2
+// (prefetcht2), not L1: prefetcht0 was faster in L3 but slower from memory.
 #ifndef METRONOME_AHEAD_LOCALITY
 #define METRONOME_AHEAD_LOCALITY 1
 #endif
