@@ -180,10 +180,10 @@ int main(int argc, char** argv) {
   const int reps = argc > 1 ? std::atoi(argv[1]) : 7;
   struct Case {
     std::string name;
-    int pool;  // 0 engine order, 1 scattered, 2 engine order + THP
+    int pool;  // 0 engine order, 1 scattered, 2 engine order + THP, 3 scattered + THP
     std::function<float(const Pool&)> run;
   };
-  Pool pools[3] = {make_pool(false, false), make_pool(true, false), make_pool(false, true)};
+  Pool pools[4] = {make_pool(false, false), make_pool(true, false), make_pool(false, true), make_pool(true, true)};
   int64_t kv_floats = 0;
   for (const auto& bl : pools[0].blocks) kv_floats += static_cast<int64_t>(bl.size()) * kBlockFloats;
   const double kv_bytes = 2.0 * kLayers * kKvh * kv_floats * 4;
@@ -201,6 +201,9 @@ int main(int argc, char** argv) {
       {"+12 FMA/line, next block spread (t0)", 0, [](const Pool& p) { return walk<12>(p, Fetch::spread_t0); }},
       {"+12 FMA/line, next block spread (t2)", 0, [](const Pool& p) { return walk<12>(p, Fetch::spread_t2); }},
       {"+12 FMA/line, THP, next spread (t0)", 2, [](const Pool& p) { return walk<12>(p, Fetch::spread_t0); }},
+      {"+12 FMA/line, scattered, next at start", 1, [](const Pool& p) { return walk<12>(p, Fetch::bulk_t0); }},
+      {"+12 FMA/line, scattered, spread (t2)", 1, [](const Pool& p) { return walk<12>(p, Fetch::spread_t2); }},
+      {"+12 FMA/line, scattered THP, spread (t2)", 3, [](const Pool& p) { return walk<12>(p, Fetch::spread_t2); }},
   };
   std::vector<std::vector<double>> ms(cases.size());
   float sink = 0.f;
