@@ -33,14 +33,14 @@ def ops(request: pytest.FixtureRequest) -> Any:
 
 
 @pytest.mark.parametrize("q4", [True, False])
-@pytest.mark.parametrize("n, k", [(64, 64), (42, 96), (1001, 576), (48, 1536)])
+@pytest.mark.parametrize("n, k", [(64, 64), (42, 96), (1001, 576), (48, 1536), (40, 352)])
 def test_group_linear_matches_the_dequantized_product(ops: Any, q4: bool, n: int, k: int) -> None:
     blocks = random_blocks(n, k, q4=q4)
     weight = blocks.dequantize().double()
     groups = pack_groups(blocks)
     # up to 3 rows passes of 2 and 1 rows; from 4 rows the panels: whole tiles of 4 rows
-    # and a partial one, panels of 24 columns and a partial one, chunks of 192 k and a
-    # partial one
+    # and a partial one, panels of 24 columns and a partial one, chunks of k (K = 576 and
+    # 1536 in equal ones, 352 in 192 and a shorter one)
     for rows in (1, 2, 3, 4, 7, 8, 15, 33, 64):
         x, residual = torch.randn(rows, k), torch.randn(rows, n)
         for res in (None, residual):

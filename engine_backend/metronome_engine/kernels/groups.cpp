@@ -145,51 +145,53 @@ constexpr int kPanelNV = 3;                          // 8-float vectors per pane
 constexpr int64_t kPanelCols = 8 * kPanelNV;         // columns per panel
 constexpr int64_t kPanelGroups = kPanelCols / kGroup;
 constexpr int kTileRows = 4;                          // rows per microkernel tile
-constexpr int64_t kChunk = 192;                       // k per widened chunk (a multiple of 32)
+constexpr int64_t kChunk = 288;                       // k per widened chunk at most (4-bit; a multiple of 32)
+constexpr int64_t kChunkQ8 = 192;                     // the same, 8-bit
 alignas(64) constexpr uint8_t kZeroRecord[kQ8Record] = {};  // columns past N: zero weights
 // From 4 rows on the panels win (one thread, CPU time, weights from memory, the dense
 // layers of a step: 2 rows 1.05x the passes' time, 4 rows 0.89x, 8 rows 0.80x, 32 rows
 // 0.61x; scripts/bench_group_linear.py)
 constexpr int64_t kPanelMinRows = 4;
 
-// Eight columns' 16 bytes (c[0..7]) -> 16 rows of 8 bytes (byte j of each column), two
-// rows a vector: out[i] holds rows 2i (low half) and 2i + 1 (high half). The weights are
-// transposed as bytes, before they are widened, where a float transpose would cost
-// eight shuffles and eight stores for every 32 weights.
-inline void transpose_bytes(const __m128i c[8], __m128i out[8]) {
-  __m128i t[8], u[8];
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    t[2 * i] = _mm_unpacklo_epi8(c[2 * i], c[2 * i + 1]);      // bytes 0-7 of columns 2i, 2i+1
-    t[2 * i + 1] = _mm_unpackhi_epi8(c[2 * i], c[2 * i + 1]);  // bytes 8-15
-  }
-#pragma GCC unroll 2
-  for (int h = 0; h < 2; ++h) {  // columns 0-3, then 4-7: 4 bytes a row
-    u[4 * h + 0] = _mm_unpacklo_epi16(t[4 * h + 0], t[4 * h + 2]);  // rows 0-3
-    u[4 * h + 1] = _mm_unpackhi_epi16(t[4 * h + 0], t[4 * h + 2]);  // rows 4-7
-    u[4 * h + 2] = _mm_unpacklo_epi16(t[4 * h + 1], t[4 * h + 3]);  // rows 8-11
-    u[4 * h + 3] = _mm_unpackhi_epi16(t[4 * h + 1], t[4 * h + 3]);  // rows 12-15
-  }
-#pragma GCC unroll 4
-  for (int i = 0; i < 4; ++i) {
-    out[2 * i] = _mm_unpacklo_epi32(u[i], u[4 + i]);
-    out[2 * i + 1] = _mm_unpackhi_epi32(u[i], u[4 + i]);
-  }
+// prefetcht0 as asm: GCC (12, -O3) deleted a loop of _mm_prefetch calls whose end it could
+// not prove, as if the loop did nothing (C++'s forward-progress rule)
+inline void fetch_line(const char* p) { asm volatile("prefetcht0 %0" : : "m"(*p)); }
+
+// Eight columns' 16 bytes, two columns a vector (y[i]: column i in the low lane, i + 4 in
+// the high one) -> four vectors of four rows each: byte j of the eight columns is dword
+// j % 4 of u[j / 4] in both lanes (columns 0-3 low, 4-7 high). Two rounds of in-lane
+// unpacks, 8 shuffles for 128 bytes, where 128-bit ones took 24 and a widening from xmm
+// to ymm (vpmovzxbd, port 5 only) one more per row; the panel's fill was port 5 bound.
+inline void transpose_lanes(const __m256i y[4], __m256i u[4]) {
+  const __m256i t0 = _mm256_unpacklo_epi8(y[0], y[1]), t1 = _mm256_unpackhi_epi8(y[0], y[1]);
+  const __m256i t2 = _mm256_unpacklo_epi8(y[2], y[3]), t3 = _mm256_unpackhi_epi8(y[2], y[3]);
+  u[0] = _mm256_unpacklo_epi16(t0, t2);  // bytes 0-3
+  u[1] = _mm256_unpackhi_epi16(t0, t2);  // 4-7
+  u[2] = _mm256_unpacklo_epi16(t1, t3);  // 8-11
+  u[3] = _mm256_unpackhi_epi16(t1, t3);  // 12-15
 }
 
-// Widened weights of 8 columns at one k, into a panel row: W = scale * q + offset, as
-// group_pass computes it (bit for bit the loader's weight).
-inline void store_row(float* dst, __m256i q, __m256 s, __m256 o, bool offset) {
-  const __m256 f = _mm256_cvtepi32_ps(q);
-  _mm256_store_ps(dst, offset ? _mm256_fmadd_ps(f, s, o) : _mm256_mul_ps(f, s));
+// vpshufb controls: dword i of each lane <- byte 4r + i of the lane, as the dword's low
+// byte (zero-extended; Q4) or its high byte (q * 2^24; Q8, whose scale carries 2^-24)
+inline __m256i spread_control(int r, bool high) {
+  alignas(32) int8_t c[32];
+  for (int i = 0; i < 32; ++i) c[i] = -128;  // zero
+  for (int lane = 0; lane < 2; ++lane) {
+    for (int i = 0; i < 4; ++i) c[16 * lane + 4 * i + (high ? 3 : 0)] = static_cast<int8_t>(4 * r + i);
+  }
+  return _mm256_load_si256(reinterpret_cast<const __m256i*>(c));
 }
 
 // Two groups' blocks b0 .. b0 + blocks - 1 (ga, gb: their first records; a group past the
-// last one reads a zero record, stride 0) into panel columns 8 * octet .. 8 * octet + 7.
+// last one reads a zero record, stride 0) into panel columns 8 * octet .. 8 * octet + 7:
+// W = scale * q + offset, as group_pass computes it (bit for bit the loader's weight; for
+// Q8 (q * 2^24) * (scale * 2^-24), the same product: both factors are exact).
 template <bool Q4>
 void widen_octet(const GroupArgs& a, const uint8_t* ga, const uint8_t* gb, int64_t stride_b, int64_t blocks,
                  float* panel, int octet) {
-  const __m256i low = _mm256_set1_epi32(0x0F);
+  const __m256i spread[4] = {spread_control(0, !Q4), spread_control(1, !Q4), spread_control(2, !Q4),
+                             spread_control(3, !Q4)};
+  const __m256i low = _mm256_set1_epi8(0x0F);
   for (int64_t b = 0; b < blocks; ++b, ga += a.record, gb += stride_b) {
     float* dst = panel + b * kBlock * kPanelCols + 8 * octet;
     constexpr int64_t kq = Q4 ? 16 : 32;  // bytes a column
@@ -197,29 +199,38 @@ void widen_octet(const GroupArgs& a, const uint8_t* ga, const uint8_t* gb, int64
       return _mm256_cvtph_ps(_mm_unpacklo_epi64(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(ga + at)),
                                                 _mm_loadl_epi64(reinterpret_cast<const __m128i*>(gb + at))));
     };
-    const __m256 s = halves(kGroup * kq);
+    __m256 s = halves(kGroup * kq);
     const __m256 o = Q4 ? halves(kGroup * kq + 8) : _mm256_setzero_ps();
+    if constexpr (!Q4) s = _mm256_mul_ps(s, _mm256_set1_ps(0x1p-24f));
 #pragma GCC unroll 2
     for (int part = 0; part < (Q4 ? 1 : 2); ++part) {  // Q8: k 0-15, then 16-31
-      __m128i c[8], rows[8];
+      __m256i y[4], u[4];
 #pragma GCC unroll 4
       for (int i = 0; i < kGroup; ++i) {
-        c[i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ga + kq * i + 16 * part));
-        c[kGroup + i] = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kq * i + 16 * part));
+        const __m128i lo = _mm_loadu_si128(reinterpret_cast<const __m128i*>(ga + kq * i + 16 * part));
+        const __m128i hi = _mm_loadu_si128(reinterpret_cast<const __m128i*>(gb + kq * i + 16 * part));
+        y[i] = _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
       }
-      transpose_bytes(c, rows);
-#pragma GCC unroll 8
-      for (int i = 0; i < 8; ++i) {
-#pragma GCC unroll 2
-        for (int h = 0; h < 2; ++h) {
-          const int j = 2 * i + h;  // byte j of each column
-          const __m128i bytes = h == 0 ? rows[i] : _mm_unpackhi_epi64(rows[i], rows[i]);
-          if constexpr (Q4) {  // byte j: k = j (low nibble) and j + 16 (high)
-            const __m256i q = _mm256_cvtepu8_epi32(bytes);
-            store_row(dst + j * kPanelCols, _mm256_and_si256(q, low), s, o, true);
-            store_row(dst + (j + 16) * kPanelCols, _mm256_srli_epi32(q, 4), s, o, true);
-          } else {
-            store_row(dst + (16 * part + j) * kPanelCols, _mm256_cvtepi8_epi32(bytes), s, o, false);
+      transpose_lanes(y, u);
+#pragma GCC unroll 4
+      for (int m = 0; m < 4; ++m) {
+        if constexpr (Q4) {  // byte j: k = j (low nibble) and j + 16 (high)
+          const __m256i lo = _mm256_and_si256(u[m], low);
+          const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(u[m], 4), low);
+#pragma GCC unroll 4
+          for (int r = 0; r < 4; ++r) {
+            const int j = 4 * m + r;
+            _mm256_store_ps(dst + j * kPanelCols,
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(lo, spread[r])), s, o));
+            _mm256_store_ps(dst + (j + 16) * kPanelCols,
+                            _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(hi, spread[r])), s, o));
+          }
+        } else {
+#pragma GCC unroll 4
+          for (int r = 0; r < 4; ++r) {
+            const int j = 16 * part + 4 * m + r;
+            _mm256_store_ps(dst + j * kPanelCols,
+                            _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_shuffle_epi8(u[m], spread[r])), s));
           }
         }
       }
@@ -227,24 +238,27 @@ void widen_octet(const GroupArgs& a, const uint8_t* ga, const uint8_t* gb, int64
   }
 }
 
-// One tile: 4 rows (xt: [kc][4], the rows interleaved, so that a k's four broadcasts are
-// one cache line's neighbours) by the panel's 24 columns over one chunk of k; `rows` of
-// the 4 and `cols` of the 24 are real. The first chunk stores its sums, later ones add.
-void panel_tile(const GroupArgs& a, const float* panel, const float* xt, int64_t kc, int64_t r0, int64_t rows,
+// One tile: 4 rows (from x itself: a row past M reads the last row again, never stored) by
+// the panel's 24 columns over the chunk of k from k0; `rows` of the 4 and `cols` of the 24
+// are real. The first chunk stores its sums, later ones add.
+void panel_tile(const GroupArgs& a, const float* panel, int64_t k0, int64_t kc, int64_t r0, int64_t rows,
                 int64_t col, int64_t cols, bool first, bool last) {
   constexpr int R = kTileRows;
+  const float* xr[R];
+#pragma GCC unroll 4
+  for (int r = 0; r < R; ++r) xr[r] = a.x + (r0 + std::min<int64_t>(r, rows - 1)) * a.K + k0;
   __m256 acc[R * kPanelNV];
 #pragma GCC unroll 16
   for (int i = 0; i < R * kPanelNV; ++i) acc[i] = _mm256_setzero_ps();
   const float* w = panel;
 #pragma GCC unroll 2
-  for (int64_t k = 0; k < kc; ++k, w += kPanelCols, xt += R) {
+  for (int64_t k = 0; k < kc; ++k, w += kPanelCols) {
     __m256 wv[kPanelNV];
 #pragma GCC unroll 4
     for (int v = 0; v < kPanelNV; ++v) wv[v] = _mm256_load_ps(w + 8 * v);
 #pragma GCC unroll 8
     for (int r = 0; r < R; ++r) {
-      const __m256 xb = _mm256_broadcast_ss(xt + r);
+      const __m256 xb = _mm256_broadcast_ss(xr[r] + k);
 #pragma GCC unroll 4
       for (int v = 0; v < kPanelNV; ++v) acc[r * kPanelNV + v] = _mm256_fmadd_ps(xb, wv[v], acc[r * kPanelNV + v]);
     }
@@ -278,16 +292,22 @@ void panel_tile(const GroupArgs& a, const float* panel, const float* xt, int64_t
 }
 
 // Panels lo .. hi - 1, chunk by chunk of k: each chunk widened once into the thread's
-// buffer (kChunk x 24 floats, 18 KB: L1), then every tile of rows over it.
+// buffer, then every tile of rows over it. K is cut in near-equal chunks of whole blocks,
+// up to 288 k for 4-bit blocks (K = 576: two of 288, 27 KB; 1536: six of 256) and 192 for
+// 8-bit ones (18 KB). One thread, 4-bit layers, 288 against 192: 0.98x the time at 32
+// rows (fewer passes over the sums), 0.96x at 256, the same at 4 and 8; on the 8-bit head
+// 1.02-1.07x. 576 took 1.10x (the panel and the rows' chunk no longer fit in L1), 96 1.04x.
 template <bool Q4>
-void panel_rows(const GroupArgs& a, const float* xt, int64_t lo, int64_t hi, float* panel) {
+void panel_rows(const GroupArgs& a, int64_t lo, int64_t hi, float* panel) {
   const int64_t G = (a.n + kGroup - 1) / kGroup;
   const int64_t tiles = (a.M + kTileRows - 1) / kTileRows;
+  const int64_t most = Q4 ? kChunk : kChunkQ8, chunks = (a.K + most - 1) / most;
+  const int64_t chunk = (a.nb + chunks - 1) / chunks * kBlock;
   for (int64_t p = lo; p < hi; ++p) {
     const int64_t col = p * kPanelCols;
     const int64_t cols = std::min<int64_t>(kPanelCols, a.n - col);
-    for (int64_t k0 = 0; k0 < a.K; k0 += kChunk) {
-      const int64_t kc = std::min<int64_t>(kChunk, a.K - k0);
+    for (int64_t k0 = 0; k0 < a.K; k0 += chunk) {
+      const int64_t kc = std::min<int64_t>(chunk, a.K - k0);
       for (int octet = 0; octet < kPanelNV; ++octet) {
         const int64_t g = p * kPanelGroups + 2 * octet;  // and g + 1
         auto first = [&](int64_t group) { return a.groups + (group * a.nb + k0 / kBlock) * a.record; };
@@ -300,41 +320,33 @@ void panel_rows(const GroupArgs& a, const float* xt, int64_t lo, int64_t hi, flo
           for (int64_t k = 0; k < kc; ++k) std::memset(panel + k * kPanelCols + 8 * octet, 0, 8 * sizeof(float));
         }
       }
-      // the next chunk's records, fetched while the tiles run (they come from memory)
+      // the next chunk's records (the next panel's first, after the last chunk), fetched
+      // while the tiles run: they come from memory. A share before each tile, not all at
+      // once: a burst of 45-77 lines waited on the line fill buffers and held the tiles up
+      // (32 rows, one thread: 0.96x the burst's time; with no fetch at all, 1.15x)
       const bool last_chunk = k0 + kc >= a.K;
-      if (!last_chunk || p + 1 < hi) {
-        const int64_t np = last_chunk ? p + 1 : p, nk = last_chunk ? 0 : k0 + kc;
-        const int64_t bytes = std::min<int64_t>(kChunk, a.K - nk) / kBlock * a.record;
-        for (int64_t g = np * kPanelGroups; g < std::min<int64_t>(G, (np + 1) * kPanelGroups); ++g) {
-          const char* rec = reinterpret_cast<const char*>(a.groups + (g * a.nb + nk / kBlock) * a.record);
-          for (int64_t at = 0; at < bytes; at += 64) _mm_prefetch(rec + at, _MM_HINT_T0);
+      const int64_t np = last_chunk ? p + 1 : p, nk = last_chunk ? 0 : k0 + kc;
+      const int64_t next_groups = np < hi ? std::min<int64_t>(G, (np + 1) * kPanelGroups) - np * kPanelGroups : 0;
+      const int64_t group_bytes = std::min<int64_t>(chunk, a.K - nk) / kBlock * a.record;
+      const int64_t group_lines = group_bytes / 64 + 2;  // the records need not start a line
+      const int64_t lines = next_groups * group_lines;
+      auto fetch = [&](int64_t from, int64_t to) {  // lines from .. to - 1 of the next chunk
+        for (int64_t i = from; i < to;) {
+          const int64_t g = i / group_lines, line = i - g * group_lines, n = std::min(group_lines - line, to - i);
+          const uint8_t* at = a.groups + ((np * kPanelGroups + g) * a.nb + nk / kBlock) * a.record;
+          for (int64_t j = 0; j < n; ++j) fetch_line(reinterpret_cast<const char*>(at) + 64 * (line + j));
+          i += n;
         }
-      }
+      };
       for (int64_t t = 0; t < tiles; ++t) {
+        fetch(lines * t / tiles, lines * (t + 1) / tiles);
         const int64_t r0 = t * kTileRows;
-        panel_tile(a, panel, xt + (t * a.K + k0) * kTileRows, kc, r0, std::min<int64_t>(kTileRows, a.M - r0), col,
-                   cols, k0 == 0, k0 + kc == a.K);
+        panel_tile(a, panel, k0, kc, r0, std::min<int64_t>(kTileRows, a.M - r0), col, cols, k0 == 0, k0 + kc == a.K);
       }
     }
   }
 }
 
-// x [M, K] as tiles of 4 rows, each [K][4] (rows past M: zero)
-void interleave_rows(const GroupArgs& a, float* xt) {
-  const int64_t tiles = (a.M + kTileRows - 1) / kTileRows;
-  for (int64_t t = 0; t < tiles; ++t) {
-    for (int r = 0; r < kTileRows; ++r) {
-      const int64_t row = t * kTileRows + r;
-      float* dst = xt + t * a.K * kTileRows + r;
-      if (row < a.M) {
-        const float* src = a.x + row * a.K;
-        for (int64_t k = 0; k < a.K; ++k) dst[k * kTileRows] = src[k];
-      } else {
-        for (int64_t k = 0; k < a.K; ++k) dst[k * kTileRows] = 0.f;
-      }
-    }
-  }
-}
 #endif
 #ifndef METRONOME_GROUPS_AVX2
 // Any other vector unit: plain loops (a fallback, not tuned)
@@ -421,15 +433,12 @@ at::Tensor group_linear(const at::Tensor& x, const at::Tensor& groups, int64_t n
 #ifdef METRONOME_GROUPS_AVX2
   if (M >= kPanelMinRows) {
     const int64_t panels = (n + kPanelCols - 1) / kPanelCols;
-    const int64_t tiles = (M + kTileRows - 1) / kTileRows;
-    auto xt = at::empty({tiles * K * kTileRows}, x.options());
-    interleave_rows(a, xt.data_ptr<float>());
     at::parallel_for(0, panels, 1, [&](int64_t lo, int64_t hi) {
       alignas(64) float panel[kChunk * kPanelCols];
       if (q4) {
-        panel_rows<true>(a, xt.data_ptr<float>(), lo, hi, panel);
+        panel_rows<true>(a, lo, hi, panel);
       } else {
-        panel_rows<false>(a, xt.data_ptr<float>(), lo, hi, panel);
+        panel_rows<false>(a, lo, hi, panel);
       }
     });
     return out;
