@@ -112,6 +112,7 @@ def runnable_isas() -> tuple[Isa, ...]:
 # the lines of /proc/cpuinfo that say what a native build may use: x86's "flags"; aarch64's
 # "Features" (SVE, dot products, ...) and which core it is, which -mcpu=native tunes for
 _CPU_KEYS = ("flags", "Features", "CPU implementer", "CPU architecture", "CPU variant", "CPU part")
+_CPUINFO = Path("/proc/cpuinfo")
 
 
 def _cpu_flags() -> str:
@@ -120,7 +121,7 @@ def _cpu_flags() -> str:
     two ARM cores of different generations)."""
     found: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
+        for line in _CPUINFO.read_text().splitlines():
             key = line.split(":", 1)[0].strip()
             if key in _CPU_KEYS and key not in found:  # the first CPU's
                 found[key] = line
