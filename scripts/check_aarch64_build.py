@@ -66,6 +66,7 @@ def _as_aarch64() -> Iterator[None]:
 
 def builds() -> dict[str, tuple[list[Path], list[str]]]:
     """Build name -> (its .cpp sources, the flags an aarch64 machine passes)."""
+    os.environ.pop(kernels.ISA_ENV, None)  # vLLM's kernel takes the default build's flags
     with _as_aarch64():
         out: dict[str, tuple[list[Path], list[str]]] = {
             isa: ([s for s in kernels._SOURCES if s.suffix == ".cpp"], kernels.KernelBuild(isa).cflags())

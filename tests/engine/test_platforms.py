@@ -84,6 +84,19 @@ def test_aarch64_builds_pass_no_x86_flag(aarch64: Callable[[str], None]) -> None
         assert not [f for f in flags if "x86" in f or "vector-width" in f or f == "-march=native"], flags
 
 
+def test_vllms_kernel_takes_the_flags_of_the_build_engines_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one variable says which vector unit the whole process runs: an AVX2 or aarch64 run everywhere
+    for isa in kernels.runnable_isas():
+        monkeypatch.setenv(kernels.ISA_ENV, isa)
+        engine_flags = KernelBuild(isa).cflags()
+        assert native._cflags() == [f for f in engine_flags if not f.startswith("-DMETRONOME_OPS=")]
+    keys = set()
+    for isa in kernels.runnable_isas():
+        monkeypatch.setenv(kernels.ISA_ENV, isa)
+        keys.add(native._build_dir())
+    assert len(keys) == len(kernels.runnable_isas())
+
+
 def test_x86_64_v3_on_aarch64_is_refused_before_any_compiler(
     aarch64: Callable[[str], None], compiler: _Compiler, monkeypatch: pytest.MonkeyPatch
 ) -> None:
