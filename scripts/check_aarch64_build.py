@@ -23,10 +23,10 @@ What it does, per build an aarch64 machine would make (the engine's ``native`` a
   here, which are the same on aarch64) or by aarch64's C, C++ and OpenMP runtimes: the
   link an aarch64 machine would do, but for its addresses.
 
-What it cannot say: that the code runs correctly there. The ``generic`` build runs the
-same source paths on x86-64 in the kernel tests (with aarch64's unsigned ``char``);
-NEON code generation, the memory model of ARM's atomics and ``-mcpu=native`` itself
-are checked only on such a machine.
+What it cannot say: that the code runs correctly there. ``aarch64_emulated/run.sh`` runs
+it under qemu against the x86-64 generic build's outputs, and the ``generic`` build runs
+the same source paths on x86-64 in the kernel tests (with aarch64's unsigned ``char``);
+the memory ordering of ARM's atomics and ``-mcpu=native`` on a real core wait for one.
 """
 
 from __future__ import annotations

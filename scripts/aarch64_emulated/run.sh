@@ -9,8 +9,9 @@
 #    policies: decoder_layers, rms_norm, greedy_rows) and direct calls (group_linear on 4- and
 #    8-bit blocks, silu_mul with NaN and clamped gates) on the x86-64 generic build: inputs
 #    before, outputs and written-into inputs after;
-# 2. the kernel sources are cross-compiled for a Neoverse-N1 (-mcpu=neoverse-n1: NEON, dot
-#    products) against an aarch64 torch wheel's headers (pip downloads the host's torch
+# 2. the kernel sources are cross-compiled twice, as the native build on a Neoverse-N1 would
+#    be (-mcpu=neoverse-n1: NEON, dot products, LSE atomics) and as the generic build
+#    (-march=armv8-a), against an aarch64 torch wheel's headers (pip downloads the host's torch
 #    version for manylinux aarch64, about 430 MB, once) and linked with replay.cpp and the
 #    wheel's libtorch_cpu; that wheel is a CUDA build, so the two CUDA libraries libtorch_cpu
 #    names (libcudart, libcupti) are stubbed: nothing here calls them;
@@ -57,17 +58,21 @@ echo "recording the x86-64 generic build's op calls"
 rm -rf "$WORK/calls"
 "$PY" "$ROOT/scripts/aarch64_emulated/record_ops.py" "$WORK/calls"
 
-echo "cross-compiling the kernels for aarch64 (-mcpu=neoverse-n1) and the replay"
 K="$ROOT/engine_backend/metronome_engine/kernels"
 flags="-isystem $TI -isystem $TI/torch/csrc/api/include -fPIC -std=c++20"
-for src in "$K"/*.cpp; do
-  # the native build's flags on such a core (kernels.KernelBuild.cflags), its own -mcpu
-  "$CXX" $flags -O3 -fopenmp -fno-math-errno -fno-trapping-math -fvisibility=hidden -DMETRONOME_OPS=metronome \
-    -mcpu=neoverse-n1 -c "$src" -o "$WORK/obj/$(basename "$src" .cpp).o"
-done
 "$CXX" $flags -O1 -c "$ROOT/scripts/aarch64_emulated/replay.cpp" -o "$WORK/replay.o"
-"$CXX" -fopenmp "$WORK"/obj/*.o "$WORK/replay.o" -o "$WORK/replay" -L"$TL" -L"$WORK/stubs" -ltorch_cpu -lc10 \
-  -Wl,-rpath-link,"$TL" -Wl,-rpath-link,"$WORK/stubs"
+# the native build's flags on a Neoverse-N1 (kernels.KernelBuild.cflags, its -mcpu named), and the generic build's
+for arch in -mcpu=neoverse-n1 -march=armv8-a; do
+  echo "cross-compiling the kernels for aarch64 ($arch)"
+  out="$WORK/obj/${arch#*=}"
+  mkdir -p "$out"
+  for src in "$K"/*.cpp; do
+    "$CXX" $flags -O3 -fopenmp -fno-math-errno -fno-trapping-math -fvisibility=hidden -DMETRONOME_OPS=metronome \
+      $arch -c "$src" -o "$out/$(basename "$src" .cpp).o"
+  done
+  "$CXX" -fopenmp "$out"/*.o "$WORK/replay.o" -o "$out/replay" -L"$TL" -L"$WORK/stubs" -ltorch_cpu -lc10 \
+    -Wl,-rpath-link,"$TL" -Wl,-rpath-link,"$WORK/stubs"
+done
 
 # a Neoverse-N1's /proc/cpuinfo and sysfs identification, for the private mount namespace
 : > "$WORK/fake/cpuinfo"
@@ -88,6 +93,8 @@ mount --bind "$WORK/fake/cpuinfo" /proc/cpuinfo
 exec "\$@"
 INNER
 
-echo "replaying them on the aarch64 build under qemu (Neoverse-N1, 2 threads)"
-QEMU_CPU=neoverse-n1 QEMU_LD_PREFIX=/usr/aarch64-linux-gnu LD_LIBRARY_PATH="$TL:$WORK/stubs" OMP_NUM_THREADS=2 \
-  unshare -m sh "$WORK/fake/enter.sh" qemu-aarch64-static "$WORK/replay" "$WORK/calls"
+for arch in neoverse-n1 armv8-a; do
+  echo "replaying them on the aarch64 build ($arch) under qemu (a Neoverse-N1, 2 threads)"
+  QEMU_CPU=neoverse-n1 QEMU_LD_PREFIX=/usr/aarch64-linux-gnu LD_LIBRARY_PATH="$TL:$WORK/stubs" OMP_NUM_THREADS=2 \
+    unshare -m sh "$WORK/fake/enter.sh" qemu-aarch64-static "$WORK/obj/$arch/replay" "$WORK/calls"
+done

@@ -2,9 +2,10 @@
 ``/proc/cpuinfo`` and a compiler that fails as a cross one would).
 
 No aarch64 machine has run the kernels: ``scripts/check_aarch64_build.py`` cross-compiles
-them (a slow test here runs it, skipped where the cross compiler is absent), the
-``generic`` build runs their plain paths on any machine (test_fused_kernels.py,
-test_groups.py), and this module checks what the Python around the build does there:
+them (a slow test here runs it, skipped where the cross compiler is absent),
+``scripts/aarch64_emulated/run.sh`` runs them under qemu (by hand: it needs root and a
+430 MB wheel), the ``generic`` build runs their plain paths on any machine
+(test_fused_kernels.py, test_groups.py), and this module checks what the Python around the build does there:
 the flags, the cache key, the builds it offers, and the fall-back to torch.
 """
 
