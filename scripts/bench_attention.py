@@ -32,8 +32,15 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], help="NAME=DIR of kernel sources")
     parser.add_argument("--clock", default="wall", choices=["wall", "cpu"])
     parser.add_argument("--layers", type=int, default=30)
+    parser.add_argument("--calls", type=int, default=1, help="steps per timing (a few layers' K/V stay in cache)")
     parser.add_argument("--context-lo", type=int, default=128)
     parser.add_argument("--context-hi", type=int, default=272)
+    parser.add_argument(
+        "--blocks",
+        default="scattered",
+        choices=["scattered", "engine"],
+        help="blocks anywhere in the pool, or each session's in a run (as an engine's pool hands them out in order)",
+    )
     args = parser.parse_args()
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
     if args.isa == "x86-64-v3":
@@ -54,7 +61,8 @@ def main() -> None:
     max_blocks = max(counts)
     num_blocks = sum(counts) + 8
     gen = torch.Generator().manual_seed(0)
-    perm = torch.randperm(num_blocks, generator=gen)  # blocks scattered over the pool, as sessions leave them
+    # blocks scattered over the pool, as sessions leave them, or in the pool's order
+    perm = torch.randperm(num_blocks, generator=gen) if args.blocks == "scattered" else torch.arange(num_blocks)
     physical = torch.zeros(B, max_blocks, dtype=torch.int64)
     logical = torch.zeros(B, max_blocks, dtype=torch.int64)
     at = 0
@@ -98,8 +106,9 @@ def main() -> None:
         for _ in range(args.reps):
             for name, ops in variants.items():
                 t = clock()
-                attend(ops)
-                times[name].append((clock() - t) * 1e3)
+                for _ in range(args.calls):
+                    attend(ops)
+                times[name].append((clock() - t) * 1e3 / args.calls)
             t = clock()
             read_floor()
             times["read"].append((clock() - t) * 1e3)
@@ -111,8 +120,11 @@ def main() -> None:
         for name in variants:
             ms = statistics.median(times[name])
             base = statistics.median(times[first])
+            paired = statistics.median(y / x for x, y in zip(times[first], times[name], strict=True))
             print(
-                f"  {name}: {ms:.2f} ms ({kv_bytes / ms / 1e6:.1f} GB/s of K/V), {ms / base:.3f}x {first}", flush=True
+                f"  {name}: {ms:.3f} ms ({kv_bytes / ms / 1e6:.1f} GB/s of K/V), {ms / base:.3f}x {first} "
+                f"(median of paired ratios {paired:.3f})",
+                flush=True,
             )
 
 

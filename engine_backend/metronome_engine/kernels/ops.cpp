@@ -212,6 +212,49 @@ std::tuple<at::Tensor, at::Tensor> rope_store(const at::Tensor& qkv, const at::T
   return {q, q_sink};
 }
 
+// The next block's K and V lines, fetched a few at a time from inside the fold of the
+// current block, so that memory stays busy while the fold computes. All of its 128 lines
+// (8 KB) fetched at the block's start took every fill buffer: the fold waited for most of
+// them to arrive, then computed with memory idle, so a block cost its read plus its
+// arithmetic (scripts/probe_kv_read.cpp). Spread, attention took 0.73-0.75x the time from
+// memory (AVX2, one or two threads, scripts/bench_attention.py; docs/engine.md). Into L2
+// (prefetcht2), not L1: prefetcht0 was faster in L3 but slower from memory.
+#ifndef METRONOME_AHEAD_LOCALITY
+#define METRONOME_AHEAD_LOCALITY 1
+#endif
+struct Ahead {
+  const char* k = nullptr;
+  const char* v = nullptr;
+  int64_t lines = 0;  // 64-byte lines of each
+  int64_t at = 0;     // the next line of both; lines: nothing (left) to fetch
+
+  void to(const float* kb, const float* vb) {
+    k = reinterpret_cast<const char*>(kb);
+    v = reinterpret_cast<const char*>(vb);
+    at = 0;
+  }
+  void none() { at = lines; }
+  // the next N lines of K and of V: no loop, no division (the fold calls this ~50 times a
+  // block, and a rate kept in fixed point cost 8% with K/V in cache)
+  template <int N>
+  inline void step() {
+#pragma GCC unroll 4
+    for (int r = 0; r < N; ++r) {
+      if (at < lines) {
+        __builtin_prefetch(k + at * 64, 0, METRONOME_AHEAD_LOCALITY);
+        __builtin_prefetch(v + at * 64, 0, METRONOME_AHEAD_LOCALITY);
+        ++at;
+      }
+    }
+  }
+  void rest() {
+    for (; at < lines; ++at) {
+      __builtin_prefetch(k + at * 64, 0, METRONOME_AHEAD_LOCALITY);
+      __builtin_prefetch(v + at * 64, 0, METRONOME_AHEAD_LOCALITY);
+    }
+  }
+};
+
 // Online-softmax state of the G query heads that share one kv head, for one query token.
 struct HeadsState {
   float* max;  // [G]
@@ -360,7 +403,7 @@ inline float softmax_update(vf s, int64_t m, HeadsState& st, int64_t g, float* w
 // are 2 * NV registers a head, independent chains already.
 template <int NV>
 inline void fold_keys(const float* q, const float* k, const float* v, int64_t n, int64_t G, float scale,
-                      HeadsState& st) {
+                      HeadsState& st, Ahead& ahead) {
   constexpr int64_t HD = kLanes * NV;
   constexpr int W = HD / 8;  // 8-float registers a row
   const __m256 scale8 = _mm256_set1_ps(scale);
@@ -387,6 +430,7 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
           for (int j = 0; j < 8; ++j) dots[j] = _mm256_fmadd_ps(qc, _mm256_loadu_ps(kj[j] + 8 * c), dots[j]);
         }
         _mm256_store_ps(scores + 8 * h, _mm256_mul_ps(sum8(dots), scale8));
+        ahead.step<3>();  // with one a key below: 66 of each, a block's 64 (head_dim 64, 3 heads)
       }
       alignas(64) float weights[kLanes];
       const __m256 c8 = _mm256_set1_ps(softmax_update(vload(scores), m, st, g, weights));
@@ -398,6 +442,7 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
         const __m256 pj = _mm256_set1_ps(weights[j]);
 #pragma GCC unroll 16
         for (int c = 0; c < W; ++c) acc[c] = _mm256_fmadd_ps(pj, _mm256_loadu_ps(vr + j * HD + 8 * c), acc[c]);
+        ahead.step<1>();
       }
 #pragma GCC unroll 16
       for (int c = 0; c < W; ++c) _mm256_storeu_ps(accp + 8 * c, acc[c]);
@@ -407,7 +452,7 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
 #else
 template <int NV>
 inline void fold_keys(const float* q, const float* k, const float* v, int64_t n, int64_t G, float scale,
-                      HeadsState& st) {
+                      HeadsState& st, Ahead& ahead) {
   constexpr int64_t HD = kLanes * NV;
   for (int64_t j0 = 0; j0 < n; j0 += kLanes) {
     const int64_t m = std::min<int64_t>(kLanes, n - j0);
@@ -431,6 +476,7 @@ inline void fold_keys(const float* q, const float* k, const float* v, int64_t n,
           acc[c] += p0 * vload(vr + j * HD + c * kLanes);
           odd[c] += p1 * vload(vr + (j + 1) * HD + c * kLanes);
         }
+        ahead.step<3>();  // 72 lines of each a block, its 64 (head_dim 64, 3 heads)
       }
       if (j < m) {
         for (int c = 0; c < NV; ++c) acc[c] += weights[j] * vload(vr + j * HD + c * kLanes);
@@ -481,15 +527,19 @@ struct AttentionArgs {
 // One (session, kv head): every query token of the session, block by block. Within a
 // block the visible keys are at most two runs, the sinks and the window, so there is
 // no per-key mask.
+// then_k, then_v: the first block of the task this thread takes next (or null), fetched
+// while this one's last block is folded.
 template <int NV>
-void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, int64_t row1,
-                 std::vector<float>& scratch) {
+void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, int64_t row1, const float* then_k,
+                 const float* then_v, std::vector<float>& scratch) {
   const int64_t G = a.G, hd = a.hd, bs = a.block_size;
   scratch.resize(G * (1 + kLanes + hd));
   HeadsState st{scratch.data(), scratch.data() + G, scratch.data() + G * (1 + kLanes)};
+  Ahead ahead;
+  ahead.lines = bs * hd * static_cast<int64_t>(sizeof(float)) / 64;
   auto fold = [&](const float* qq, const float* k, const float* v, int64_t n) {
     if constexpr (NV > 0) {
-      fold_keys<NV>(qq, k, v, n, G, a.scale, st);
+      fold_keys<NV>(qq, k, v, n, G, a.scale, st, ahead);
     } else {
       fold_keys_any(qq, k, v, n, G, hd, a.scale, st);
     }
@@ -513,13 +563,14 @@ void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, in
       const int64_t base = (kh * a.num_slots + ph[i] * bs) * hd;
       const float* kb = a.k_cache + base;
       const float* vb = a.v_cache + base;
-      if (i + 1 < a.block_count[b]) {
-        // blocks lie anywhere in the pool, so the hardware prefetcher cannot see the next one
+      // blocks lie anywhere in the pool, so the hardware prefetcher cannot see the next one
+      if (i + 1 < a.block_count[b] && lg[i + 1] * bs <= t) {
         const int64_t next = (kh * a.num_slots + ph[i + 1] * bs) * hd;
-        for (int64_t off = 0; off < bs * hd; off += 64 / sizeof(float)) {
-          __builtin_prefetch(a.k_cache + next + off);
-          __builtin_prefetch(a.v_cache + next + off);
-        }
+        ahead.to(a.k_cache + next, a.v_cache + next);
+      } else if (row + 1 == row1 && then_k != nullptr) {
+        ahead.to(then_k, then_v);
+      } else {
+        ahead.none();
       }
       const int64_t s1 = std::min(first + bs, n_sink);
       if (s1 > first) fold(q_sink, kb, vb, s1 - first);
@@ -528,6 +579,7 @@ void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, in
       if (w1 > w0) {
         fold(q, kb + (w0 - first) * hd, vb + (w0 - first) * hd, w1 - w0);
       }
+      ahead.rest();  // what a short block's fold left
     }
     float* o = a.out + (row * a.H + kh * G) * hd;
     for (int64_t g = 0; g < G; ++g) {
@@ -652,18 +704,28 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
   const int64_t n_tasks = static_cast<int64_t>(tasks.size());
   at::parallel_for(0, std::min<int64_t>(at::get_num_threads(), n_tasks), 1, [&](int64_t, int64_t) {
     std::vector<float> scratch;
-    for (int64_t i = next++; i < n_tasks; i = next++) {
+    for (int64_t i = next++; i < n_tasks;) {
+      // the next task is claimed now, so that its first block can be fetched while this one ends
+      const int64_t then = next++;
       const Task& t = tasks[i];
+      const float *then_k = nullptr, *then_v = nullptr;
+      if (then < n_tasks && a.block_count[tasks[then].b] > 0) {
+        const Task& u = tasks[then];
+        const int64_t first = (u.kh * a.num_slots + a.block_physical[u.b * a.max_blocks] * a.block_size) * a.hd;
+        then_k = a.k_cache + first;
+        then_v = a.v_cache + first;
+      }
+      i = then;
       if (t.chunk) {
         attend_chunk(a, t.b, t.kh, t.row0, t.row1, scratch);
         continue;
       }
       switch (a.hd) {
-        case 16: attend_task<1>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
-        case 32: attend_task<2>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
-        case 64: attend_task<4>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
-        case 128: attend_task<8>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
-        default: attend_task<0>(a, t.b, t.kh, t.row0, t.row1, scratch); break;
+        case 16: attend_task<1>(a, t.b, t.kh, t.row0, t.row1, then_k, then_v, scratch); break;
+        case 32: attend_task<2>(a, t.b, t.kh, t.row0, t.row1, then_k, then_v, scratch); break;
+        case 64: attend_task<4>(a, t.b, t.kh, t.row0, t.row1, then_k, then_v, scratch); break;
+        case 128: attend_task<8>(a, t.b, t.kh, t.row0, t.row1, then_k, then_v, scratch); break;
+        default: attend_task<0>(a, t.b, t.kh, t.row0, t.row1, then_k, then_v, scratch); break;
       }
     }
   });
