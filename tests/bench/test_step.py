@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import subprocess
 import sys
@@ -115,3 +116,17 @@ def test_bench_step_on_the_torch_path_says_so() -> None:
     assert report["kernels"] == "torch" and report["weights"] == "float32"
     assert report["batches"][0]["engine_ms"] > 0
     assert "in turn" in done.stderr  # the progress says how it was timed
+
+
+def test_bench_step_refuses_the_x86_64_v3_build_on_aarch64(monkeypatch: pytest.MonkeyPatch) -> None:
+    # a clear error before anything is built or timed, not a compiler's or a quiet torch run
+    from metronome_engine import kernels
+    from metronome_sdk.commands.bench_step import _select_isa
+
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
+    with pytest.raises(
+        ValueError, match="--isa x86-64-v3: the x86-64-v3 build needs an x86-64 CPU, this one is aarch64"
+    ):
+        _select_isa("x86-64-v3")
+    assert kernels.ISA_ENV not in os.environ

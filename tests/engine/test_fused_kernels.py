@@ -5,14 +5,14 @@ reference) run on both paths through the ``kernels`` fixture; here each op meets
 torch reference on shapes the model tests do not reach: head sizes with and without
 a vector path, row counts that leave remainder tiles, block tables in any pool order.
 Every test here runs on each vector-unit build that this machine can run (the native
-one, and on x86-64 the x86-64-v3 one that stands for AVX2 machines).
+one, the generic one that stands for aarch64's plain paths, and on x86-64 the x86-64-v3
+one that stands for AVX2 machines).
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import platform
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +22,14 @@ import torch.nn.functional as F
 
 from metronome_engine import EngineCore, KVPolicy, ModelConfig, StepRequest, kernels
 from metronome_engine.engine import auto_choice, resolve_kernels
-from metronome_engine.kernels import ISAS, KernelBuild, get_build
+from metronome_engine.kernels import ISAS, KernelBuild, get_build, runnable_isas
 from metronome_engine.model import LlamaModel, apply_rope, rope_cos_sin
 
 from .tiny import VOCAB, scripted_logits, tiny_engine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-_BUILDS = [isa for isa in ISAS if isa == "native" or platform.machine() in ("x86_64", "AMD64")]
+_BUILDS = runnable_isas()
 
 
 @pytest.fixture(scope="module", params=_BUILDS)
@@ -386,7 +386,7 @@ def test_the_isa_variable_picks_the_default_build(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(kernels.ISA_ENV, "x86-64-v3")
     assert kernels.default_isa() == "x86-64-v3" and get_build().isa == "x86-64-v3"
     monkeypatch.setenv(kernels.ISA_ENV, "avx9")
-    with pytest.raises(ValueError, match="METRONOME_KERNELS_ISA must be one of native, x86-64-v3"):
+    with pytest.raises(ValueError, match="METRONOME_KERNELS_ISA must be one of native, x86-64-v3, generic"):
         get_build()
 
 

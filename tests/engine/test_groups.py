@@ -1,7 +1,7 @@
 """Dense layers read from column groups of 4-/8-bit blocks (kernels/groups.cpp, quant.pack_groups).
 
 The kernel is held to float64 products of the de-quantized weights in each build (native
-and x86-64-v3); an engine whose steps read the groups, to the torch path; SmolLM2 on the
+x86-64-v3 and generic); an engine whose steps read the groups, to the torch path; SmolLM2 on the
 groups, to HF transformers (test_smollm2.py).
 """
 
@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from metronome_engine import EngineCore, KVPolicy
-from metronome_engine.kernels import ISAS, get_build
+from metronome_engine.kernels import get_build, runnable_isas
 from metronome_engine.kernels.choice import REGIMES
 from metronome_engine.quant import QuantBlocks, pack_groups
 
@@ -24,7 +24,7 @@ from .tiny import scripted_logits
 _X86 = platform.machine() in ("x86_64", "AMD64")
 
 
-@pytest.fixture(params=[isa for isa in ISAS if _X86 or isa == "native"])
+@pytest.fixture(params=runnable_isas())
 def ops(request: pytest.FixtureRequest) -> Any:
     build = get_build(request.param)
     if not build.available():
@@ -111,7 +111,7 @@ def test_pack_groups_refuses_blocks_it_cannot_hold() -> None:
         pack_groups(QuantBlocks(torch.zeros(4, 32, dtype=torch.int16), torch.full((4, 1), 0.1), None))
 
 
-@pytest.mark.parametrize("isa", [isa for isa in ISAS if _X86 or isa == "native"])
+@pytest.mark.parametrize("isa", runnable_isas())
 @pytest.mark.parametrize("policy", [KVPolicy.full(), KVPolicy.windowed(12, sinks=4)])
 def test_an_engine_reading_the_groups_equals_the_torch_engine(isa: str, policy: KVPolicy) -> None:
     model, _ = _block_model()

@@ -7,7 +7,15 @@ built once per *vector-unit build* (``Isa``):
   where it has them); ops under ``torch.ops.metronome``;
 - ``"x86-64-v3"``: AVX2 + FMA only, what every x86-64 machine of the last decade runs;
   built on any such machine (AVX-512 ones too) so that its figures and its tests can be
-  had anywhere; ops under ``torch.ops.metronome_x86_64_v3``.
+  had anywhere; ops under ``torch.ops.metronome_x86_64_v3``;
+- ``"generic"``: no vector intrinsics, the plain C++ paths (16-float vectors GCC lowers
+  to what the target has), which are all an aarch64 build compiles: on x86-64 built for
+  the baseline (SSE2) with aarch64's unsigned ``char``, so that those paths are tested on
+  any machine; ops under ``torch.ops.metronome_generic``.
+
+On aarch64 the native build is ``-mcpu=native`` over the same plain paths; no such
+machine has run it yet: ``scripts/check_aarch64_build.py`` cross-compiles every kernel
+source with its flags (see docs/engine.md, "Platforms").
 
 Each build lives in ``$METRONOME_CACHE/kernels/<key>/``, where the key covers the sources,
 the flags, the torch build and the CPU, so a later start loads it in well under a second.
@@ -36,15 +44,17 @@ __all__ = [
     "KernelBuildError",
     "available",
     "build_dir",
+    "cannot_run",
     "default_isa",
     "get_build",
     "load",
+    "runnable_isas",
     "tiles_available",
 ]
 
 log = logging.getLogger(__name__)
 
-Isa = Literal["native", "x86-64-v3"]
+Isa = Literal["native", "x86-64-v3", "generic"]
 ISAS: tuple[Isa, ...] = get_args(Isa)
 ISA_ENV = "METRONOME_KERNELS_ISA"
 
@@ -61,6 +71,7 @@ _SOURCE_NAMES = (
 )
 _SOURCES = [Path(__file__).with_name(name) for name in _SOURCE_NAMES]
 _X86 = ("x86_64", "AMD64")
+_ARM = ("aarch64", "arm64")
 
 
 class KernelBuildError(RuntimeError):
@@ -68,21 +79,55 @@ class KernelBuildError(RuntimeError):
 
 
 def default_isa() -> Isa:
-    """The build engines use: ``$METRONOME_KERNELS_ISA`` or ``"native"``."""
+    """The build engines use: ``$METRONOME_KERNELS_ISA`` or ``"native"``; ``ValueError``
+    for a name that is no build, or a build this CPU cannot run (x86-64-v3 on aarch64)."""
     isa = os.environ.get(ISA_ENV) or "native"
     if isa not in ISAS:
         raise ValueError(f"{ISA_ENV} must be one of {', '.join(ISAS)}, got {isa!r}")
+    why = cannot_run(isa)
+    if why is not None:
+        raise ValueError(f"{ISA_ENV}={isa}: {why}; unset it or use native")
     return isa
 
 
+def cannot_run(isa: Isa) -> str | None:
+    """Why this machine cannot run the build ``isa`` (``None``: it can): said before any
+    compiler is asked, so that a wrong choice is a clear error, not a compiler's."""
+    machine = platform.machine()
+    if machine not in (*_X86, *_ARM):
+        return f"the kernels are built for x86-64 and aarch64 only, this CPU is {machine}"
+    if isa == "x86-64-v3":
+        if machine not in _X86:
+            return f"the x86-64-v3 build needs an x86-64 CPU, this one is {machine}"
+        if not {"avx2", "fma", "f16c", "bmi2"} <= set(_cpu_flags().split()):
+            return "this CPU lacks AVX2/FMA: it cannot run the x86-64-v3 build"
+    return None
+
+
+def runnable_isas() -> tuple[Isa, ...]:
+    """The builds this machine can run (the ones its tests run on)."""
+    return tuple(isa for isa in ISAS if cannot_run(isa) is None)
+
+
+# the lines of /proc/cpuinfo that say what a native build may use: x86's "flags"; aarch64's
+# "Features" (SVE, dot products, ...) and which core it is, which -mcpu=native tunes for
+_CPU_KEYS = ("flags", "Features", "CPU implementer", "CPU architecture", "CPU variant", "CPU part")
+_CPUINFO = Path("/proc/cpuinfo")
+
+
 def _cpu_flags() -> str:
+    """What the cache key knows of this CPU: a build for one CPU must never load on another
+    that lacks its instructions (a home folder shared by an x86 and an ARM machine, or by
+    two ARM cores of different generations)."""
+    found: dict[str, str] = {}
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
+        for line in _CPUINFO.read_text().splitlines():
+            key = line.split(":", 1)[0].strip()
+            if key in _CPU_KEYS and key not in found:  # the first CPU's
+                found[key] = line
     except OSError:
         pass
-    return platform.processor()
+    return "\n".join(found.values()) or platform.processor() or platform.machine()
 
 
 @dataclass(eq=False)
@@ -109,6 +154,11 @@ class KernelBuild:
         flags.append(f"-DMETRONOME_OPS={self.namespace}")
         if self.isa == "x86-64-v3":
             flags.append("-march=x86-64-v3")
+        elif self.isa == "generic" and platform.machine() in _X86:
+            # the baseline x86-64 (no AVX: none of the intrinsics' paths) with aarch64's unsigned char
+            flags += ["-march=x86-64", "-mtune=generic", "-funsigned-char"]
+        elif self.isa == "generic":
+            flags += ["-march=armv8-a", "-mtune=generic"]
         elif platform.machine() in _X86:
             # GCC keeps to 256-bit vectors on some AVX-512 parts unless told; the kernels want 512
             flags += ["-march=native", "-mprefer-vector-width=512"]
@@ -159,15 +209,9 @@ class KernelBuild:
     def _build_and_load(self) -> None:
         from torch.utils import cpp_extension
 
-        machine = platform.machine()
-        if machine not in (*_X86, "aarch64", "arm64"):
-            raise RuntimeError(f"no kernel build for {machine}")
-        if self.isa == "x86-64-v3":
-            if machine not in _X86:
-                raise RuntimeError(f"the x86-64-v3 build needs an x86-64 CPU, this one is {machine}")
-            flags = _cpu_flags().split()
-            if not {"avx2", "fma", "f16c", "bmi2"} <= set(flags):
-                raise RuntimeError("this CPU lacks AVX2/FMA: it cannot run the x86-64-v3 build")
+        why = cannot_run(self.isa)
+        if why is not None:
+            raise RuntimeError(why)
         _put_ninja_on_path()
         target = self.build_dir()
         target.mkdir(parents=True, exist_ok=True)

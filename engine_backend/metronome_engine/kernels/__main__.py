@@ -1,12 +1,11 @@
 """``python -m metronome_engine.kernels [ISA ...]``: build the fused CPU kernels now
-(default: the native build and, on x86-64, the x86-64-v3 one)."""
+(default: every build this machine can run: native and generic, and on x86-64 x86-64-v3)."""
 
-import platform
 import sys
 
-from . import ISAS, get_build
+from . import get_build, runnable_isas
 
-wanted = sys.argv[1:] or [isa for isa in ISAS if isa == "native" or platform.machine() in ("x86_64", "AMD64")]
+wanted = sys.argv[1:] or runnable_isas()
 for isa in wanted:
     build = get_build(isa)  # type: ignore[arg-type]
     build.load()

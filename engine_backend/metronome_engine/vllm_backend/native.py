@@ -2,7 +2,9 @@
 
 It reads vLLM's paged cache in place (either layout), where the torch pass in
 ``attention.py`` copies each tile's blocks out first. Built once per machine with the
-machine's own vector unit and cached under ``$METRONOME_CACHE/kernels/vllm-<key>/`` (the
+flags of the engine kernels' build that engines use (``METRONOME_KERNELS_ISA``: the
+machine's own vector unit by default; ``x86-64-v3`` or ``generic`` to run what an AVX2 or
+an aarch64 machine runs) and cached under ``$METRONOME_CACHE/kernels/vllm-<key>/`` (the
 key covers the source, the vector header it shares with the engine's kernels
 (``kernels/vector16.h``), the flags, the torch build and the CPU); ``available()`` says
 whether it loads here, and the backend falls back to the torch pass when it does not.
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import platform
 import threading
 from pathlib import Path
 
@@ -26,7 +27,6 @@ log = logging.getLogger(__name__)
 _SOURCE = Path(__file__).with_name("sink_window.cpp")
 # what the cache key covers: the source and the vector helpers it shares with the engine's kernels
 _KEYED = (_SOURCE, Path(__file__).parents[1] / "kernels" / "vector16.h")
-_X86 = ("x86_64", "AMD64")
 # head sizes the kernel is instantiated for: 16 floats a vector, these many vectors
 _VECTORS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
 _lock = threading.Lock()
@@ -38,14 +38,12 @@ def head_size_supported(head_size: int) -> bool:
 
 
 def _cflags() -> list[str]:
-    # no -ffast-math: a NaN from a broken layer must reach the output, not vanish in a max
-    # -fopenmp: at::parallel_for is inlined here and splits the work over OpenMP threads
-    flags = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fvisibility=hidden"]
-    if platform.machine() in _X86:
-        flags += ["-march=native", "-mprefer-vector-width=512"]
-    else:
-        flags.append("-mcpu=native")
-    return flags
+    """The engine kernels' flags for the build engines use (``kernels.default_isa``), less
+    their op namespace: this kernel registers its own, ``metronome_vllm``."""
+    # -fopenmp among them: at::parallel_for is inlined here and splits the work over OpenMP threads
+    from ..kernels import get_build
+
+    return [f for f in get_build().cflags() if not f.startswith("-DMETRONOME_OPS=")]
 
 
 def _build_dir() -> Path:

@@ -31,8 +31,11 @@ _AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "
 
 def _select_isa(isa: str) -> str:
     """Point this process at the kernels' build ``isa``; returns torch's CPU capability."""
-    from metronome_engine.kernels import ISA_ENV
+    from metronome_engine.kernels import ISA_ENV, cannot_run
 
+    why = cannot_run(isa)  # type: ignore[arg-type]  # argparse's choices are the builds
+    if why is not None:  # said here, not as a compiler's failure or a quiet fall back to torch
+        raise ValueError(f"--isa {isa}: {why}")
     os.environ[ISA_ENV] = isa
     if isa == "x86-64-v3":
         os.environ.update(_AVX2_ENV)
@@ -87,10 +90,11 @@ def _add(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--isa",
-        choices=["native", "x86-64-v3"],
+        choices=["native", "x86-64-v3", "generic"],
         default=os.environ.get("METRONOME_KERNELS_ISA") or "native",
-        help="the fused kernels' build: this CPU's own vector unit (default), or x86-64-v3 (AVX2+FMA, with "
-        "torch, MKL and oneDNN held to AVX2 too): an AVX2 machine's figures on any x86-64 one",
+        help="the fused kernels' build: this CPU's own vector unit (default), x86-64-v3 (AVX2+FMA, with "
+        "torch, MKL and oneDNN held to AVX2 too): an AVX2 machine's figures on any x86-64 one, or generic "
+        "(no intrinsics: the paths an aarch64 build runs)",
     )
     p.add_argument("--no-torch", action="store_true", help="skip timing the engine's torch path beside the fused one")
     p.add_argument(

@@ -1,0 +1,169 @@
+"""The kernels' build on a CPU this machine is not: aarch64, mocked (``platform.machine``,
+``/proc/cpuinfo`` and a compiler that fails as a cross one would).
+
+No aarch64 machine has run the kernels: ``scripts/check_aarch64_build.py`` cross-compiles
+them (a slow test here runs it, skipped where the cross compiler is absent),
+``scripts/aarch64_emulated/run.sh`` runs them under qemu (by hand: it needs root and a
+430 MB wheel), the ``generic`` build runs their plain paths on any machine
+(test_fused_kernels.py, test_groups.py), and this module checks what the Python around the build does there:
+the flags, the cache key, the builds it offers, and the fall-back to torch.
+"""
+
+from __future__ import annotations
+
+import logging
+import platform
+import shutil
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch.utils.cpp_extension
+
+from metronome_engine import KVPolicy, StepRequest, kernels, weights
+from metronome_engine.kernels import KernelBuild, KernelBuildError
+from metronome_engine.vllm_backend import native
+
+from .tiny import tiny_engine
+
+# the first CPU of a Neoverse-N1 (Graviton2) and of a Neoverse-V1 (Graviton3: SVE)
+_N1 = """processor\t: 0
+BogoMIPS\t: 243.75
+Features\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 atomics fphp asimdhp cpuid asimdrdm lrcpc dcpop asimddp ssbs
+CPU implementer\t: 0x41
+CPU architecture: 8
+CPU variant\t: 0x3
+CPU part\t: 0xd0c
+CPU revision\t: 1
+"""
+_V1 = _N1.replace("ssbs", "ssbs sve svebf16 i8mm bf16").replace("0xd0c", "0xd40").replace("0x3", "0x1")
+_ROOT = Path(__file__).parents[2]
+_SCRIPT = _ROOT / "scripts" / "check_aarch64_build.py"
+
+
+class _Compiler:
+    """``cpp_extension.load`` as a compiler that cannot build here: it records each call and fails."""
+
+    def __init__(self) -> None:
+        self.calls: list[dict[str, Any]] = []
+
+    def __call__(self, **kwargs: Any) -> None:
+        self.calls.append(kwargs)
+        raise RuntimeError("Error building extension 'metronome_kernels': c++: error: unknown value 'native' for -mcpu")
+
+
+@pytest.fixture
+def aarch64(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str], None]:
+    """This process as an aarch64 machine whose /proc/cpuinfo the test gives; the kernel
+    builds are fresh objects whose folders go under tmp_path."""
+    cpuinfo = tmp_path / "cpuinfo"
+    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
+    monkeypatch.setattr(kernels, "_CPUINFO", cpuinfo)
+    monkeypatch.setattr(weights, "cache_dir", lambda: tmp_path / "cache")
+    for isa in kernels.ISAS:
+        monkeypatch.setitem(kernels._builds, isa, KernelBuild(isa))
+    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
+    cpuinfo.write_text(_N1)
+    return cpuinfo.write_text  # type: ignore[return-value]
+
+
+@pytest.fixture
+def compiler(monkeypatch: pytest.MonkeyPatch) -> _Compiler:
+    fake = _Compiler()
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", fake)
+    return fake
+
+
+def test_aarch64_builds_pass_no_x86_flag(aarch64: Callable[[str], None]) -> None:
+    assert kernels.runnable_isas() == ("native", "generic")
+    native_flags, generic_flags = KernelBuild("native").cflags(), KernelBuild("generic").cflags()
+    assert "-mcpu=native" in native_flags and "-march=armv8-a" in generic_flags
+    for flags in (native_flags, generic_flags, native._cflags()):
+        assert not [f for f in flags if "x86" in f or "vector-width" in f or f == "-march=native"], flags
+
+
+def test_vllms_kernel_takes_the_flags_of_the_build_engines_use(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one variable says which vector unit the whole process runs: an AVX2 or aarch64 run everywhere
+    for isa in kernels.runnable_isas():
+        monkeypatch.setenv(kernels.ISA_ENV, isa)
+        engine_flags = KernelBuild(isa).cflags()
+        assert native._cflags() == [f for f in engine_flags if not f.startswith("-DMETRONOME_OPS=")]
+    keys = set()
+    for isa in kernels.runnable_isas():
+        monkeypatch.setenv(kernels.ISA_ENV, isa)
+        keys.add(native._build_dir())
+    assert len(keys) == len(kernels.runnable_isas())
+
+
+def test_x86_64_v3_on_aarch64_is_refused_before_any_compiler(
+    aarch64: Callable[[str], None], compiler: _Compiler, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    said = "the x86-64-v3 build needs an x86-64 CPU, this one is aarch64"
+    assert kernels.cannot_run("x86-64-v3") == said
+    with pytest.raises(KernelBuildError, match=said):
+        kernels.get_build("x86-64-v3").load()
+    monkeypatch.setenv(kernels.ISA_ENV, "x86-64-v3")
+    with pytest.raises(ValueError, match=f"METRONOME_KERNELS_ISA=x86-64-v3: {said}; unset it or use native"):
+        kernels.default_isa()
+    assert compiler.calls == []
+
+
+def test_an_unknown_architecture_is_refused_by_name(
+    aarch64: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(platform, "machine", lambda: "riscv64")
+    assert kernels.runnable_isas() == ()
+    with pytest.raises(KernelBuildError, match="built for x86-64 and aarch64 only, this CPU is riscv64"):
+        kernels.get_build("native").load()
+
+
+def test_the_cache_key_tells_arm_cores_apart(aarch64: Callable[[str], None]) -> None:
+    # a native build for a core with SVE must not load on one without it (a shared home folder)
+    n1 = [kernels.get_build(isa).build_dir() for isa in ("native", "generic")] + [native._build_dir()]
+    aarch64(_V1)
+    v1 = [kernels.get_build(isa).build_dir() for isa in ("native", "generic")] + [native._build_dir()]
+    assert not set(n1) & set(v1) and len(set(n1)) == 3
+    assert "Features" in kernels._cpu_flags() and "0xd40" in kernels._cpu_flags()
+
+
+def test_where_the_build_fails_auto_runs_torch_and_says_why(
+    aarch64: Callable[[str], None], compiler: _Compiler, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="metronome_engine.kernels"):
+        engine = tiny_engine(KVPolicy.windowed(8, sinks=2), kernels="auto")
+    assert not engine.fused and engine.isa is None and engine.regimes is None
+    (call,) = compiler.calls  # tried once, with aarch64's flags
+    assert "-mcpu=native" in call["extra_cflags"]
+    assert "fused CPU kernels (native) unavailable" in caplog.text and "unknown value 'native'" in caplog.text
+    out = engine.step([StepRequest(engine.add_sequence(), [1, 2, 3])])[0]
+    assert out.ok and out.token is not None
+    with pytest.raises(KernelBuildError, match="unknown value 'native' for -mcpu"):
+        tiny_engine(KVPolicy.full(), kernels="fused")
+    assert len(compiler.calls) == 1  # the failure is kept: not a compile per engine
+
+
+def test_where_vllms_kernel_fails_to_build_its_backend_is_told(
+    aarch64: Callable[[str], None],
+    compiler: _Compiler,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    monkeypatch.setattr(native, "_loaded", None)
+    with caplog.at_level(logging.WARNING, logger=native.__name__):
+        assert native.available() is False
+    (call,) = compiler.calls
+    assert "-mcpu=native" in call["extra_cflags"] and "using the torch pass" in caplog.text
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)
+def test_every_kernel_source_cross_compiles_for_aarch64() -> None:
+    # a skip is not a pass: without the cross compiler nothing was checked (docs/engine.md)
+    if shutil.which("aarch64-linux-gnu-g++") is None:
+        pytest.skip("no aarch64 cross compiler: apt-get install g++-aarch64-linux-gnu to run this check")
+    done = subprocess.run([sys.executable, str(_SCRIPT)], capture_output=True, text=True, timeout=880, check=False)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "every kernel source compiled for aarch64" in done.stdout
