@@ -41,21 +41,15 @@ _clock = time.perf_counter
 
 def build_variant(name: str, src: Path, isa: str) -> Any:
     """Build the kernels' sources in ``src`` under the namespace ``metronome_b_<name>``."""
-    import platform
-
     import torch
     from torch.utils import cpp_extension
 
-    from metronome_engine.kernels import _put_ninja_on_path
+    from metronome_engine.kernels import _put_ninja_on_path, get_build
 
     ns = f"metronome_b_{name}"
-    flags = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fvisibility=hidden", f"-DMETRONOME_OPS={ns}"]
-    if isa == "x86-64-v3":
-        flags.append("-march=x86-64-v3")
-    elif platform.machine() in ("x86_64", "AMD64"):
-        flags += ["-march=native", "-mprefer-vector-width=512"]
-    else:
-        flags.append("-mcpu=native")
+    # the engine's own flags for this build, under the variant's namespace
+    flags = [f for f in get_build(isa).cflags() if not f.startswith("-DMETRONOME_OPS=")]
+    flags.append(f"-DMETRONOME_OPS={ns}")
     key = hashlib.sha256(" ".join(flags).encode() + torch.__version__.encode())
     for f in sorted(src.iterdir()):
         if f.suffix in (".cpp", ".h"):
