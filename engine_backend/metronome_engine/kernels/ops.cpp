@@ -328,9 +328,6 @@ std::tuple<at::Tensor, at::Tensor> rope_store(const at::Tensor& qkv, const at::T
 // arithmetic (scripts/probe_kv_read.cpp). Spread, attention took 0.73-0.75x the time from
 // memory (AVX2, one or two threads, scripts/bench_attention.py; docs/engine.md). Into L2
 // (prefetcht2), not L1: prefetcht0 was faster in L3 but slower from memory.
-#ifndef METRONOME_AHEAD_LOCALITY
-#define METRONOME_AHEAD_LOCALITY 1
-#endif
 struct Ahead {
   const char* k = nullptr;
   const char* v = nullptr;
@@ -343,24 +340,23 @@ struct Ahead {
     at = 0;
   }
   void none() { at = lines; }
+  // line `at` of K and of V, into L2 (locality 1: prefetcht2)
+  void line() {
+    __builtin_prefetch(k + at * 64, 0, 1);
+    __builtin_prefetch(v + at * 64, 0, 1);
+    ++at;
+  }
   // the next N lines of K and of V: no loop, no division (the fold calls this ~50 times a
   // block, and a rate kept in fixed point cost 8% with K/V in cache)
   template <int N>
   inline void step() {
 #pragma GCC unroll 4
     for (int r = 0; r < N; ++r) {
-      if (at < lines) {
-        __builtin_prefetch(k + at * 64, 0, METRONOME_AHEAD_LOCALITY);
-        __builtin_prefetch(v + at * 64, 0, METRONOME_AHEAD_LOCALITY);
-        ++at;
-      }
+      if (at < lines) line();
     }
   }
   void rest() {
-    for (; at < lines; ++at) {
-      __builtin_prefetch(k + at * 64, 0, METRONOME_AHEAD_LOCALITY);
-      __builtin_prefetch(v + at * 64, 0, METRONOME_AHEAD_LOCALITY);
-    }
+    while (at < lines) line();
   }
 };
 
@@ -631,6 +627,9 @@ struct AttentionArgs {
   const int64_t* pinned;  // [B] first tokens each session keeps, or null: `sinks` for every session
   int64_t H, G, hd, num_slots, max_blocks, block_size, window, sinks;
   float scale;
+
+  // where physical block p of kv head kh starts in k_cache and v_cache, in floats
+  int64_t block_at(int64_t kh, int64_t p) const { return (kh * num_slots + p * block_size) * hd; }
 };
 
 // One (session, kv head): every query token of the session, block by block. Within a
@@ -669,12 +668,12 @@ void attend_task(const AttentionArgs& a, int64_t b, int64_t kh, int64_t row0, in
     for (int64_t i = 0; i < a.block_count[b]; ++i) {
       const int64_t first = lg[i] * bs;
       if (first > t) break;  // blocks are in stream order
-      const int64_t base = (kh * a.num_slots + ph[i] * bs) * hd;
+      const int64_t base = a.block_at(kh, ph[i]);
       const float* kb = a.k_cache + base;
       const float* vb = a.v_cache + base;
       // blocks lie anywhere in the pool, so the hardware prefetcher cannot see the next one
       if (i + 1 < a.block_count[b] && lg[i + 1] * bs <= t) {
-        const int64_t next = (kh * a.num_slots + ph[i + 1] * bs) * hd;
+        const int64_t next = a.block_at(kh, ph[i + 1]);
         ahead.to(a.k_cache + next, a.v_cache + next);
       } else if (row + 1 == row1 && then_k != nullptr) {
         ahead.to(then_k, then_v);
@@ -820,7 +819,7 @@ at::Tensor paged_attention(const at::Tensor& q, const std::optional<at::Tensor>&
       const float *then_k = nullptr, *then_v = nullptr;
       if (then < n_tasks && a.block_count[tasks[then].b] > 0) {
         const Task& u = tasks[then];
-        const int64_t first = (u.kh * a.num_slots + a.block_physical[u.b * a.max_blocks] * a.block_size) * a.hd;
+        const int64_t first = a.block_at(u.kh, a.block_physical[u.b * a.max_blocks]);
         then_k = a.k_cache + first;
         then_v = a.v_cache + first;
       }
