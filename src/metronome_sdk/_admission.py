@@ -1,6 +1,8 @@
-"""Admission: AIMD on per-frame latency, under a memory guard. Pure Python, no engine.
+"""Admission: a session cap on per-frame latency, under a memory guard. Pure Python, no engine.
 
-The AIMD cap finds the schedulable concurrency from latency alone; the memory guard
+Two policies share ``Admitter``: the paper's AIMD cap (``AIMDAdmitter``, here) finds the
+schedulable concurrency from latency alone; the model-based cap (``_predictive.ModelAdmitter``)
+predicts the next tick from the measured step cost. The memory guard
 caps it at what the block pool can hold if every admitted session reaches its bound.
 The clock is injected so tests drive time by hand.
 """
@@ -13,7 +15,7 @@ from collections.abc import Callable, Iterable
 
 from ._config import AdmissionConfig
 
-__all__: list[str] = []  # internal: AIMDAdmitter, MemoryGuard (configured through AdmissionConfig)
+__all__: list[str] = []  # internal: Admitter, AIMDAdmitter, MemoryGuard (configured through AdmissionConfig)
 
 UNMEASURED_LIMIT = 4  # a cap that is safe on a small CPU, for an engine that measured nothing
 
@@ -64,14 +66,13 @@ class MemoryGuard:
         return f"MemoryGuard(pool_blocks={self.pool_blocks}, session_blocks={self.session_blocks}, limit={self.limit})"
 
 
-class AIMDAdmitter:
-    """The session cap, moved by additive increase / multiplicative decrease on latency.
+class Admitter:
+    """What every admission policy shares: the cap, the memory guard, the door and the clock.
 
-    Feed it every frame's latency (``observe``) and call ``update`` once a tick with the
-    sessions in flight; it decides at most once per ``config.interval`` seconds.
-    ``admits`` answers whether one more session may open now. The cap starts at
-    ``config.initial_limit``, or when that is ``None`` at ``measured`` (the sessions the
-    engine's calibration says a tick holds), or at 4 when nothing was measured.
+    The engine feeds a policy every frame's latency (``observe``) and every step's cost
+    (``observe_step``), calls ``update`` once a tick with the sessions in flight, and sheds
+    ``to_shed()`` of the newest sessions after it. ``admits`` answers whether one more
+    session may open now. Subclasses decide how the cap moves (``update``, ``cut``).
     """
 
     def __init__(
@@ -99,7 +100,7 @@ class AIMDAdmitter:
 
     @property
     def limit(self) -> int:
-        """The cap now: the AIMD cap, never above the memory guard's."""
+        """The cap now, never above the memory guard's."""
         return self._limit
 
     @property
@@ -118,6 +119,13 @@ class AIMDAdmitter:
     def observe(self, latency: float) -> None:
         self._samples.append(latency)
 
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        """One measured step, before the step-cost model learns from it (AIMD does not look)."""
+
+    def to_shed(self) -> int:
+        """How many of the newest sessions to shed now, after ``update`` (AIMD sheds none)."""
+        return 0
+
     def admits(self, in_flight: int, *, free_blocks: int = 1, pinned_blocks: int = 0) -> bool:
         """Whether one more session may open with ``in_flight`` already admitted
         (``pinned_blocks``: see ``MemoryGuard.admits``)."""
@@ -132,6 +140,28 @@ class AIMDAdmitter:
     def retry_after(self) -> float:
         """Seconds until the cap may next change (at least a tenth of an interval)."""
         return max(self._next_decision - self._clock(), self.config.interval / 10)
+
+    def cut(self) -> int:
+        """Decrease now, without waiting for a decision: a step ran long (the watchdog's slow verdict)."""
+        raise NotImplementedError
+
+    def update(self, in_flight: int) -> int:
+        """Decide if a decision is due; return the cap (changed or not)."""
+        raise NotImplementedError
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}(limit={self._limit}, threshold={self.threshold:.4f}s, guard={self.guard!r})"
+
+
+class AIMDAdmitter(Admitter):
+    """The session cap, moved by additive increase / multiplicative decrease on latency.
+
+    Feed it every frame's latency (``observe``) and call ``update`` once a tick with the
+    sessions in flight; it decides at most once per ``config.interval`` seconds.
+    The cap starts at ``config.initial_limit``, or when that is ``None`` at ``measured``
+    (the sessions the engine's calibration says a tick holds), or at 4 when nothing was
+    measured. A cut acts only on newcomers: sessions already admitted stay to their end.
+    """
 
     def cut(self) -> int:
         """Decrease now, without waiting for a decision: a step ran long (the watchdog's slow verdict)."""
@@ -160,6 +190,3 @@ class AIMDAdmitter:
         self._rejected = 0
         self._next_decision = now + c.interval
         return self._limit
-
-    def __repr__(self) -> str:
-        return f"AIMDAdmitter(limit={self._limit}, threshold={self.threshold:.4f}s, guard={self.guard!r})"

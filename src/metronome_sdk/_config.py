@@ -153,7 +153,22 @@ class TimingConfig:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class AdmissionConfig:
-    """AIMD on per-frame latency, the way TCP finds a link's capacity.
+    """The session cap on per-frame latency: AIMD (the default) or a model of the next tick.
+
+    ``policy="aimd"`` moves the cap the way TCP finds a link's capacity (below).
+    ``policy="model"`` predicts the tick at N+1 sessions from the measured step cost (fixed +
+    per-token, refitted as the engine runs) and ``session_tokens``, and admits only what fits
+    under ``target`` x deadline; every session in flight counts at its full cost, including
+    ones whose first frames have not come yet. When nothing more fits it holds the cap at
+    what runs (never below the sessions in flight); it stops admitting within a tick or two
+    when steps run slower than their measured cost (another process took a core), and if the
+    ``percentile`` still misses the deadline itself it sheds the newest sessions with
+    ``LoadShed``, at most ``1 - decrease`` of them per decision. AIMD stays as the feedback on
+    what the model misses: a miss the model did not predict scales its cost up by
+    ``1 / decrease``; each decision that meets the target scales it back toward 1.
+    docs/sessions.md compares the two policies.
+
+    AIMD:
 
     Every ``interval`` seconds, once ``min_samples`` frames were measured, the
     ``percentile`` of their latency is compared with ``target`` x deadline:
@@ -177,6 +192,7 @@ class AdmissionConfig:
     it starts at 4.
     """
 
+    policy: Literal["aimd", "model"] = "aimd"
     initial_limit: int | None = None
     session_tokens: int = 1
     min_limit: int = 1
@@ -190,6 +206,10 @@ class AdmissionConfig:
     queue_timeout: float = 1.0
 
     def __post_init__(self) -> None:
+        if self.policy not in ("aimd", "model"):
+            raise ValueError(
+                f"policy must be 'aimd' or 'model', got {self.policy!r}; 'model' predicts the tick from the step cost"
+            )
         _positive_int("min_limit", self.min_limit, "a cap below one session admits nobody")
         _positive_int("max_limit", self.max_limit, "try max_limit=1024")
         if self.initial_limit is not None:

@@ -16,7 +16,7 @@ from collections import deque
 
 from metronome_engine import PoolStats
 
-from ._admission import AIMDAdmitter, percentile
+from ._admission import Admitter, percentile
 from ._channel import SessionCounts
 from ._growth import GrowthRate
 from ._growth import t_sat as saturation_time
@@ -171,7 +171,7 @@ class Counters:
     def snapshot(
         self,
         shared: Shared | None,
-        admitter: AIMDAdmitter | None,
+        admitter: Admitter | None,
         *,
         deadline: float,
         initial_limit: int,

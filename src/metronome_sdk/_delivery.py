@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._admission import AIMDAdmitter
+from ._admission import Admitter
 from ._channel import Pending, Put
 from ._codec import TextTokenizer
 from ._config import ReliabilityConfig, TimingConfig
@@ -56,7 +56,7 @@ class Delivery:
         counters: Counters,
         timing: TimingConfig,
         reliability: ReliabilityConfig,
-        admitter: AIMDAdmitter,
+        admitter: Admitter,
         tokenizer: TextTokenizer | None,
         end_session: Callable[[Slot, MetronomeError, Fault], bool],
         in_flight: Callable[[], int],

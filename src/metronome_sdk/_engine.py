@@ -33,7 +33,7 @@ import anyio.abc
 
 from metronome_engine import EngineBackend, PoolStats, SamplingParams
 
-from ._admission import UNMEASURED_LIMIT, AIMDAdmitter, MemoryGuard
+from ._admission import UNMEASURED_LIMIT, Admitter, AIMDAdmitter, MemoryGuard
 from ._calibrate import calibrate
 from ._channel import Pending, SessionChannel, State
 from ._codec import FrameCodec, TextTokenizer
@@ -53,6 +53,7 @@ from ._gate import Gate
 from ._loading import load_core, load_tokenizer
 from ._log import get_logger
 from ._metrics import EngineMetrics
+from ._predictive import ModelAdmitter
 from ._state import Shared, Slot
 from ._stats import EngineStats, TickReport
 from ._tick import TickLoop, measured_tokens, tick_budget
@@ -121,7 +122,7 @@ class Engine:
         self._start_lock: anyio.Lock | None = None
         # made when the engine starts (the core loaded)
         self._shared: Shared | None = None
-        self._admitter: AIMDAdmitter | None = None
+        self._admitter: Admitter | None = None
         self._encoder: InputEncoder | None = None
         self._gate: Gate | None = None
         self._loop: TickLoop | None = None
@@ -200,13 +201,26 @@ class Engine:
         cost = StepCost(samples or ())
         fits = measured_tokens(self.timing, cost)
         measured = None if fits is None else fits // self.admission_config.session_tokens
-        admitter = AIMDAdmitter(
-            self.admission_config,
-            deadline=self.timing.frame_deadline,
-            guard=guard,
-            clock=self._clock,
-            measured=measured,
-        )
+        admitter: Admitter
+        if self.admission_config.policy == "model":
+            timing = self.timing
+            admitter = ModelAdmitter(
+                self.admission_config,
+                deadline=timing.frame_deadline,
+                cost=cost,  # the tick loop's own, refitted from every step
+                budget=lambda: tick_budget(timing, cost),
+                guard=guard,
+                clock=self._clock,
+                measured=measured,
+            )
+        else:
+            admitter = AIMDAdmitter(
+                self.admission_config,
+                deadline=self.timing.frame_deadline,
+                guard=guard,
+                clock=self._clock,
+                measured=measured,
+            )
         if samples:
             self._log.info(
                 "engine.calibrated",

@@ -15,7 +15,7 @@ import anyio
 
 from metronome_engine import SamplingParams
 
-from ._admission import AIMDAdmitter
+from ._admission import Admitter
 from ._channel import SessionChannel
 from ._counters import Counters
 from ._encoding import InputEncoder
@@ -32,7 +32,7 @@ class Gate:
     def __init__(
         self,
         shared: Shared,
-        admitter: AIMDAdmitter,
+        admitter: Admitter,
         counters: Counters,
         encoder: InputEncoder,
         *,

@@ -40,7 +40,7 @@ class EngineStats:
     failed_ticks: int = 0  # ticks whose step failed on every try, or watchdog periods a step was stuck
     stuck_steps: int = 0  # steps the watchdog declared stuck
     broken: int = 0  # sessions dropped for non-finite logits (SessionBroken)
-    shed: int = 0  # sessions shed for leaving outputs unread (LoadShed)
+    shed: int = 0  # sessions shed with LoadShed (outputs left unread, or a machine too slow for them)
     outputs_dropped: int = 0  # unread outputs discarded (slow_consumer="drop_oldest")
     failed: bool = False  # the engine shut down after max_failed_ticks failed ticks in a row
     # the per-tick token budget (docs/sessions.md)

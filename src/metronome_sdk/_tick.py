@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 import anyio
 import anyio.abc
 
-from ._admission import AIMDAdmitter
+from ._admission import Admitter
 from ._budget import Demand, plan_tick
 from ._channel import DecodeRounds
 from ._config import ReliabilityConfig, TimingConfig
@@ -73,7 +73,7 @@ class TickLoop:
         *,
         counters: Counters,
         delivery: Delivery,
-        admitter: AIMDAdmitter,
+        admitter: Admitter,
         timing: TimingConfig,
         reliability: ReliabilityConfig,
         clock: Callable[[], float],
@@ -314,6 +314,7 @@ class TickLoop:
 
     def _apply(self, entries: list[Entry], result: WorkResult, done: float) -> None:
         for tokens, seconds in result.steps:  # the budget follows the machine
+            self.admitter.observe_step(tokens, seconds)  # against the cost it was predicted by
             self.cost.observe(tokens, seconds)
         if result.failures:
             self.counters.fault(Fault.STEP_FAILED, result.failures)
@@ -388,6 +389,19 @@ class TickLoop:
             "machine that cannot hold this load at the deadline; open a new session after retry_after",
         )
 
+    def shed_newest(self, count: int, step_seconds: float) -> None:
+        """The deadline is missed with admission stopped: the ``count`` newest sessions go with ``LoadShed``
+        (never the last one open)."""
+        newest = list(self.shared.slots.values())[::-1][: min(count, len(self.shared.slots) - 1)]
+        self._log.warning("admission.shed", sessions=len(newest), in_flight=len(self.shared.slots))
+        for slot in newest:
+            self.delivery.shed(
+                slot,
+                f"session {slot.session_id} was shed: frames miss the deadline with admission stopped (the last "
+                f"step took {step_seconds:.3f} s); this machine cannot hold its sessions now; open a new session "
+                "after retry_after",
+            )
+
     def on_stuck(self, entries: list[Entry], times: int, running: float, limit: float) -> bool:
         """The watchdog: the step has run ``times * limit`` seconds. Answer what waits on it; keep waiting?"""
         if times == 1:
@@ -436,6 +450,10 @@ class TickLoop:
             self._log.info("admission.limit_changed", old=before, new=limit, in_flight=n)
             if limit > before:
                 self._room()
+        shed = admitter.to_shed()
+        if shed:
+            self.shed_newest(shed, step_seconds)
+            n = len(self.shared.slots)
         pool = self.shared.pool
         self.counters.limit(limit)
         self.counters.pool(pool)

@@ -1,0 +1,165 @@
+"""Model-based admission: predict the tick at N+1 sessions from the measured step cost.
+
+Calls last minutes, so a cap acts only on newcomers and a session's cost keeps arriving long
+after its admission: AIMD on latency alone overshoots while that cost is on its way and then
+cuts far below the load it reacts to, which stays (issue 33). This policy admits from a model
+instead: a step appending ``tokens`` takes ``StepCost.seconds(tokens)`` (fixed + per token,
+refitted by the tick loop from every step), times ``slowdown``, the median ratio of the last
+steps' measured to predicted seconds (another process on a core shows here within two ticks,
+long before the refit's window has moved). Each session in flight, measured or not, counts at
+``session_tokens`` a tick. Feedback keeps two terms the model cannot know: ``overhead``, what a
+frame waits at the percentile beyond the median step (the send lead, jitter), and
+``correction``, AIMD on the model's own misses. Ideas kept from Netflix's concurrency-limits
+(Gradient2, Vegas) and Envoy's adaptive concurrency are in docs/sessions.md.
+
+A second signal (the callers' voice-to-voice latency) feeds the same cap through
+``constrain(name, limit)``: the cap is the least of the model's and every named limit.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections import deque
+from collections.abc import Callable
+
+from ._admission import Admitter, MemoryGuard, percentile
+from ._config import AdmissionConfig
+from ._cost import StepCost
+
+__all__: list[str] = []  # internal: ModelAdmitter (AdmissionConfig(policy="model"))
+
+SLOWDOWN_STEPS = 3  # steps whose median measured/predicted ratio is the slowdown: one odd step moves nothing
+OVERHEAD_WEIGHT = 0.3  # each decision's weight in the overhead's moving average (a p99 of a few dozen frames)
+CORRECTION_MAX = 4.0  # the model's cost is never scaled past this: past it the model is wrong, not noisy
+CORRECTION_RELAX = 0.02  # each decision that meets the target takes this much off the correction (additive)
+
+
+class ModelAdmitter(Admitter):
+    """The cap from a model of the next tick, with AIMD on what the model misses.
+
+    ``budget`` gives the tick's token budget now (``None``: no budget): the model never admits
+    sessions whose tokens the budget would hold back a tick. ``update`` runs once a tick; a
+    decision (every ``interval`` seconds, after ``min_samples`` frames) learns the overhead and
+    the correction, and sheds when the deadline itself is missed.
+    """
+
+    def __init__(
+        self,
+        config: AdmissionConfig | None = None,
+        *,
+        deadline: float,
+        cost: StepCost,
+        budget: Callable[[], int | None] = lambda: None,
+        guard: MemoryGuard | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        measured: int | None = None,
+    ) -> None:
+        super().__init__(config, deadline=deadline, guard=guard, clock=clock, measured=measured)
+        self.cost = cost
+        self._budget = budget
+        self._ratios: deque[float] = deque(maxlen=SLOWDOWN_STEPS)
+        self._steps: list[float] = []  # step seconds since the last decision
+        self.overhead = 0.0  # seconds a frame waits at the percentile beyond its step (learned)
+        self.correction = 1.0  # the model's cost scale: AIMD on its misses
+        self._in_flight = 0
+        self._shed = 0
+        self._limits: dict[str, int] = {}
+        self._learned = False  # whether a decision has measured the overhead yet
+
+    @property
+    def slowdown(self) -> float:
+        """The last steps' median ratio of measured to predicted seconds (1.0 before any step)."""
+        return statistics.median(self._ratios) if self._ratios else 1.0
+
+    def observe_step(self, tokens: int, seconds: float) -> None:
+        if self.cost.ready and tokens >= 1:
+            predicted = self.cost.seconds(tokens)
+            if predicted > 0:
+                self._ratios.append(seconds / predicted)
+        self._steps.append(seconds)
+
+    def constrain(self, name: str, limit: int | None) -> None:
+        """Cap admission at ``limit`` sessions for signal ``name`` (``None`` lifts it)."""
+        if limit is None:
+            self._limits.pop(name, None)
+        else:
+            self._limits[name] = limit
+
+    def predicted(self, sessions: int) -> float | None:
+        """Predicted frame latency (seconds, at the percentile) with ``sessions`` in flight."""
+        if not self.cost.ready:
+            return None
+        step = self.cost.seconds(sessions * self.config.session_tokens)
+        return self.overhead + self.correction * self.slowdown * step
+
+    def fits(self) -> int | None:
+        """Most sessions the model says a tick holds under the threshold (``None``: no model yet)."""
+        if not self.cost.ready:
+            return None
+        per = self.config.session_tokens
+        room = (self.threshold - self.overhead) / (self.correction * self.slowdown)
+        n = self.cost.tokens_within(room) // per if room > 0 else 0
+        budget = self._budget()
+        if budget is not None:
+            n = min(n, budget // per)
+        return min([n, *self._limits.values()])
+
+    def to_shed(self) -> int:
+        shed, self._shed = self._shed, 0
+        return shed
+
+    def cut(self) -> int:
+        """The watchdog saw a slow step: admit nobody until the next tick's model says otherwise."""
+        self._limit = self._clamp(self._in_flight)
+        return self._limit
+
+    def update(self, in_flight: int) -> int:
+        c = self.config
+        self._in_flight = in_flight
+        self._peak = max(self._peak, in_flight)
+        now = self._clock()
+        if now >= self._next_decision and len(self._samples) >= c.min_samples:
+            self._decide(in_flight, now)
+        fit = self.fits()
+        if fit is None:
+            return self._limit  # nothing measured yet: the starting cap holds
+        # admit at most sqrt(N) ahead of the sessions in flight between two ticks (Gradient2's queue
+        # allowance): the model's extrapolation past what it measured is never trusted for a burst
+        burst = max(1, math.isqrt(max(1, in_flight)))
+        # never below what runs (less the sessions being shed): a lower cap only refuses newcomers
+        self._limit = self._clamp(max(min(fit, in_flight + burst), in_flight - self._shed))
+        return self._limit
+
+    def _decide(self, in_flight: int, now: float) -> None:
+        c = self.config
+        high = percentile(self._samples, c.percentile)
+        expected = self.predicted(self._peak)
+        if self._steps:
+            seen = max(0.0, high - statistics.median(self._steps))
+            weight = OVERHEAD_WEIGHT if self._learned else 1.0  # the first decision's measurement as it is
+            self.overhead += weight * (seen - self.overhead)
+            self._learned = True
+        if high > self.threshold:
+            if expected is not None and expected <= self.threshold:
+                # a miss the model did not predict: its cost is scaled up, multiplicatively
+                self.correction = min(CORRECTION_MAX, self.correction / c.decrease)
+            fit = self.fits()
+            if high > self.deadline and fit is not None and fit < in_flight and in_flight > 1:
+                # the deadline itself is missed with admission stopped: shed the newest, a share at a time
+                share = max(1, math.ceil(in_flight * (1 - c.decrease)))
+                self._shed = min(in_flight - max(fit, 1), share)
+        else:
+            self.correction = max(1.0, self.correction - CORRECTION_RELAX)
+        self._samples.clear()
+        self._steps.clear()
+        self._peak = in_flight
+        self._rejected = 0
+        self._next_decision = now + c.interval
+
+    def __repr__(self) -> str:
+        return (
+            f"ModelAdmitter(limit={self._limit}, threshold={self.threshold:.4f}s, slowdown={self.slowdown:.2f}, "
+            f"overhead={self.overhead * 1e3:.1f} ms, correction={self.correction:.2f}, guard={self.guard!r})"
+        )

@@ -1,0 +1,165 @@
+"""Model-based admission: a step-cost model predicts the next tick; an injected clock drives decisions."""
+
+from __future__ import annotations
+
+import pytest
+
+from metronome_sdk import AdmissionConfig, InputFrame
+from metronome_sdk._cost import StepCost
+from metronome_sdk._predictive import ModelAdmitter
+from tests.sdk.conftest import FakeClock, make_engine
+
+DEADLINE = 0.5  # seconds; target 1.0: the threshold is the deadline
+PER = 9  # tokens a session appends a tick (8 input + its output), as in `bench admit`
+# fixed 10 ms + 3 ms a token: 18 sessions (162 tokens, 496 ms) fit under 500 ms, 19 do not
+CALIBRATION = [(1, 0.013), (101, 0.313)]
+
+
+def admitter(clock: FakeClock, **cfg: object) -> ModelAdmitter:
+    defaults = {"policy": "model", "session_tokens": PER, "target": 1.0, "percentile": 0.99, "min_samples": 4}
+    config = AdmissionConfig(**{**defaults, **cfg})  # type: ignore[arg-type]
+    return ModelAdmitter(config, deadline=DEADLINE, cost=StepCost(CALIBRATION), clock=clock)
+
+
+def steps(a: ModelAdmitter, sessions: int, slowdown: float, count: int = 1) -> None:
+    for _ in range(count):
+        a.observe_step(sessions * PER, slowdown * a.cost.seconds(sessions * PER))
+
+
+def decision(a: ModelAdmitter, clock: FakeClock, latency: float, in_flight: int) -> int:
+    for _ in range(a.config.min_samples):
+        a.observe(latency)
+    clock.advance(a.config.interval)
+    return a.update(in_flight)
+
+
+def test_the_cap_is_what_the_model_says_a_tick_holds() -> None:
+    a = admitter(FakeClock())
+    assert a.fits() == 18
+    assert a.update(16) == 18
+    assert a.admits(17)
+    assert not a.admits(18)
+
+
+def test_sessions_not_yet_measured_count_at_their_full_cost() -> None:
+    a = admitter(FakeClock())
+    steps(a, 4, 1.0)  # the steps measured so far carried 4 sessions; 18 are admitted
+    assert a.update(18) == 18
+    assert not a.admits(18)
+
+
+def test_between_two_ticks_it_admits_at_most_sqrt_n_beyond_those_in_flight() -> None:
+    a = admitter(FakeClock())
+    assert a.update(4) == 6
+    assert a.update(9) == 12
+
+
+def test_the_cap_never_falls_below_what_runs() -> None:
+    clock = FakeClock()
+    a = admitter(clock)
+    assert a.update(25) == 25  # more run than fit: admit nobody, cut nobody
+    assert not a.admits(25)
+    steps(a, 25, 1.0)
+    assert decision(a, clock, 0.45, in_flight=25) == 25  # the deadline is met: nobody is shed
+    assert a.to_shed() == 0
+
+
+def test_one_slow_step_moves_nothing_two_stop_admission() -> None:
+    a = admitter(FakeClock())
+    steps(a, 16, 1.0, count=3)
+    steps(a, 16, 2.0)
+    assert a.update(16) == 18
+    steps(a, 16, 2.0)
+    assert a.slowdown == pytest.approx(2.0)
+    assert a.fits() == 8  # (250 ms - 10 ms) / 3 ms = 80 tokens
+    assert a.update(16) == 16
+    assert not a.admits(16)
+
+
+def test_the_newest_are_shed_while_the_deadline_is_missed_a_share_at_a_time() -> None:
+    clock = FakeClock()
+    a = admitter(clock)
+    steps(a, 16, 2.0, count=3)
+    assert decision(a, clock, 0.9, in_flight=16) == 14  # ceil(16 x 0.1) = 2 go
+    assert a.to_shed() == 2
+    assert a.to_shed() == 0  # told once
+    steps(a, 14, 2.0, count=3)
+    assert decision(a, clock, 0.9, in_flight=14) == 12
+    assert a.to_shed() == 2
+
+
+def test_a_slow_machine_that_meets_the_deadline_sheds_nobody() -> None:
+    clock = FakeClock()
+    a = admitter(clock)
+    steps(a, 16, 1.4, count=3)
+    assert decision(a, clock, 0.48, in_flight=16) == 16
+    assert a.to_shed() == 0
+
+
+def test_it_admits_again_when_the_machine_recovers() -> None:
+    clock = FakeClock()
+    a = admitter(clock)
+    steps(a, 16, 2.0, count=3)
+    assert a.update(16) == 16
+    steps(a, 16, 1.0, count=2)  # two of the last three steps at their cost again
+    assert a.update(16) == 18
+
+
+def test_the_overhead_beyond_the_step_is_learned() -> None:
+    clock = FakeClock()
+    a = admitter(clock)
+    steps(a, 10, 1.0, count=2)  # 280 ms steps
+    decision(a, clock, 0.38, in_flight=10)
+    assert a.overhead == pytest.approx(0.1)
+    assert a.fits() == 14  # (400 ms - 10 ms) / 3 ms = 130 tokens
+
+
+def test_a_miss_the_model_did_not_predict_scales_its_cost_up_and_decays_after() -> None:
+    clock = FakeClock()
+    a = admitter(clock)
+    steps(a, 16, 1.0, count=2)  # 442 ms
+    decision(a, clock, 0.452, in_flight=16)  # overhead 10 ms: the model predicts 452 ms
+    steps(a, 16, 1.0, count=2)
+    decision(a, clock, 0.55, in_flight=16)  # overhead moves to 37 ms: 479 ms predicted, 550 measured
+    assert a.correction == pytest.approx(1 / 0.9)
+    steps(a, 16, 1.0, count=2)
+    decision(a, clock, 0.45, in_flight=16)
+    assert a.correction == pytest.approx(1 / 0.9 - 0.02)
+
+
+def test_a_second_signal_caps_admission_by_name() -> None:
+    a = admitter(FakeClock())
+    a.constrain("voice", 5)
+    assert a.update(4) == 5
+    a.constrain("voice", None)
+    assert a.update(4) == 6
+
+
+def test_the_watchdog_cut_stops_admission_at_what_runs() -> None:
+    a = admitter(FakeClock())
+    a.update(10)
+    assert a.cut() == 10
+
+
+def test_nothing_measured_keeps_the_starting_cap() -> None:
+    a = ModelAdmitter(AdmissionConfig(policy="model", initial_limit=3), deadline=DEADLINE, cost=StepCost())
+    assert a.update(2) == 3
+
+
+def test_policy_is_checked_when_made() -> None:
+    with pytest.raises(ValueError, match="policy must be 'aimd' or 'model'"):
+        AdmissionConfig(policy="pid")  # type: ignore[arg-type]
+
+
+@pytest.mark.timeout(60)
+async def test_an_engine_under_the_model_policy_never_caps_below_its_sessions() -> None:
+    admission = AdmissionConfig(policy="model", max_limit=64, queue_timeout=0.0)
+    async with make_engine(admission=admission) as engine:
+        sessions = [engine.try_session() for _ in range(3)]
+        for _ in range(5):
+            for s in sessions:
+                await s.step(InputFrame.from_tokens([5, 6]))
+            stats = engine.stats()
+            assert stats.limit >= stats.sessions == 3
+        for s in sessions:
+            await s.aclose()
