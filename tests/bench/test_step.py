@@ -121,12 +121,12 @@ def test_bench_step_on_the_torch_path_says_so() -> None:
 def test_bench_step_refuses_the_x86_64_v3_build_on_aarch64(monkeypatch: pytest.MonkeyPatch) -> None:
     # a clear error before anything is built or timed, not a compiler's or a quiet torch run
     from metronome_engine import kernels
-    from metronome_sdk.commands.bench_step import _select_isa
+    from metronome_sdk.commands._bench_common import select_isa
 
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     monkeypatch.delenv(kernels.ISA_ENV, raising=False)
     with pytest.raises(
         ValueError, match="--isa x86-64-v3: the x86-64-v3 build needs an x86-64 CPU, this one is aarch64"
     ):
-        _select_isa("x86-64-v3")
+        select_isa("x86-64-v3")
     assert kernels.ISA_ENV not in os.environ

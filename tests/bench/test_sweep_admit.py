@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import anyio
+import pytest
 
 from metronome_sdk import AdmissionConfig
 from metronome_sdk.bench.admit import AdmitConfig, converged_cap, run_admit
@@ -92,12 +93,53 @@ def test_small_admit_reports_the_issue_shape() -> None:
         pool_sessions=4,
         model="small",
         admission=AdmissionConfig(initial_limit=2, percentile=0.99, target=1.0, min_samples=8, queue_timeout=0.0),
+        controllers=("model", "aimd"),
     )
     runs = run_admit(config)
+    assert [(r.policy, r.controller) for r in runs] == [
+        ("window", "model"),
+        ("window", "aimd"),
+        ("full", "model"),
+        ("full", "aimd"),
+    ]
     report = summarize_admit(config, runs, n_sched=3, sweep=None)
-    window, full = report["window"], report["full"]
-    assert isinstance(window["n_star"], int) and window["n_sched"] == 3
-    assert isinstance(window["collapsed"], int) and window["collapsed"] == 0
-    assert isinstance(full["n_star"], int) and isinstance(full["collapsed"], int)
-    assert window["n_star"] <= 4  # never above the memory guard
+    for controller in ("model", "aimd"):
+        window, full = report["window"][controller], report["full"][controller]
+        assert isinstance(window["n_star"], int) and window["n_sched"] == 3
+        assert isinstance(window["collapsed"], int) and window["collapsed"] == 0
+        assert isinstance(full["n_star"], int) and isinstance(full["collapsed"], int)
+        assert window["n_star"] <= 4  # never above the memory guard
+        assert window["lost_sessions"] == 0
+        assert 0 <= window["runs_n_star_within_10pct"] <= 1
     assert all(r.cap for r in runs)
+
+
+def test_a_hog_mid_run_is_reported_with_the_cap_around_it() -> None:
+    config = AdmitConfig(
+        period=0.05,
+        run_seconds=1.0,
+        duration=(0.5, 1.0),
+        arrival_rate=4.0,
+        pool_sessions=4,
+        model="small",
+        admission=AdmissionConfig(initial_limit=2, percentile=0.99, target=1.0, min_samples=8, queue_timeout=0.0),
+        controllers=("model",),
+        kvs=("window",),
+        hog=0.3,
+        hog_start=0.2,
+        recovery=0.3,
+    )
+    assert config.horizon == pytest.approx(1.0)
+    (run,) = run_admit(config)
+    assert run.hog is not None and run.hog[1] - run.hog[0] >= 0.3
+    hog = run.as_dict()["hog"]
+    assert hog["start_s"] == pytest.approx(0.2, abs=0.2)
+    assert hog["cap_series"] and all(len(row) == 3 for row in hog["cap_series"])
+    assert isinstance(hog["shed_during"], int)
+
+
+def test_admit_config_checks_its_policies() -> None:
+    with pytest.raises(ValueError, match="controllers must be"):
+        AdmitConfig(controllers=("pid",))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="hog must be"):
+        AdmitConfig(hog=-1.0)

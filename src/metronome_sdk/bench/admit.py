@@ -1,4 +1,10 @@
-"""``bench admit``: sessions keep arriving; the AIMD controller sets the cap online.
+"""``bench admit``: sessions keep arriving; an admission policy sets the cap online.
+
+The policies (``AdmissionConfig.policy``: ``model``, ``aimd``) run side by side in one run,
+interleaved run by run on the same arrivals, so both meet the same machine. ``hog`` seconds
+of a CPU-bound process (``hog_procs`` of them, each a busy loop) start ``hog_start`` seconds
+into each run: the machine slows mid-run, and the JSON shows the cap, the sessions shed with
+``LoadShed`` (their ``retry_after``) and the recovery.
 
 With ``kv=window`` the cap should settle at the schedulable N the sweep finds. With
 ``kv=full`` the same controller sees latency that looks fine while the pool fills (the memory
@@ -12,11 +18,16 @@ The controller is told the sweep's criterion: p99 under the deadline (``percenti
 
 from __future__ import annotations
 
+import math
+import os
 import statistics
+import subprocess
+import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, Literal
 
 import anyio
 
@@ -24,6 +35,7 @@ from metronome_engine import EngineCore
 from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
+from metronome_sdk._admission import percentile
 
 from .workload import (
     Policy,
@@ -35,7 +47,10 @@ from .workload import (
     run_workload,
 )
 
-__all__ = ["AdmitConfig", "AdmitRun", "converged_cap", "run_admit", "summarize"]
+__all__ = ["AdmitConfig", "AdmitRun", "Controller", "converged_cap", "run_admit", "summarize"]
+
+Controller = Literal["model", "aimd"]
+SETTLE_SECONDS = 10.0  # frame p99 is judged after the first 10 s of a run (issue 33), before time_scale
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -62,12 +77,32 @@ class AdmitConfig(StreamExperiment):
     model: str = "smollm2-135m-instruct"
     time_scale: float = 1.0
     kernels: Kernels = "auto"
+    controllers: tuple[Controller, ...] = ("aimd",)
+    kvs: tuple[Policy, ...] = ("window", "full")
+    hog: float = 0.0  # seconds a CPU-bound process runs mid-run (real seconds); 0: none
+    hog_start: float = 20.0  # seconds into the run, before time_scale
+    hog_procs: int = 1  # busy processes: each takes one core
+    recovery: float = 25.0  # seconds the run goes on after the hog, before time_scale
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
             raise ValueError(f"time_scale must be > 0, got {self.time_scale}")
         if self.runs < 1:
             raise ValueError(f"runs must be >= 1, got {self.runs}")
+        if not self.controllers or any(c not in ("model", "aimd") for c in self.controllers):
+            raise ValueError(f"controllers must be 'model' and/or 'aimd', got {self.controllers}")
+        if not self.kvs or any(k not in ("window", "full") for k in self.kvs):
+            raise ValueError(f"kvs must be 'window' and/or 'full', got {self.kvs}")
+        if not (math.isfinite(self.hog) and self.hog >= 0) or self.hog_procs < 1:
+            raise ValueError(f"hog must be seconds >= 0 and hog_procs >= 1, got {self.hog} and {self.hog_procs}")
+
+    @property
+    def horizon(self) -> float:
+        """Seconds a run lasts: the planned run, or long enough for the hog and a recovery after it."""
+        planned = self.run_seconds * self.time_scale
+        if not self.hog:
+            return planned
+        return max(planned, (self.hog_start + self.recovery) * self.time_scale + self.hog)
 
     def sized_for(self, n_sched: int) -> AdmitConfig:
         """Demand and pool that let latency, not memory or a lack of callers, set the window's cap.
@@ -117,17 +152,112 @@ class AdmitRun:
     peak_sessions: int
     cap: list[tuple[float, int, int]]  # (seconds, cap, sessions open)
     occupancy: list[tuple[float, float]]
+    controller: Controller = "aimd"
+    p99_after_ms: float | None = None  # frames sent after SETTLE_SECONDS, not shed
+    frames_after: int = 0
+    late_after: int = 0  # of those, answered past the deadline or never answered
+    shed: list[tuple[float, float]] = field(default_factory=list)  # (seconds, retry_after) of each LoadShed
+    silent_frames: int = 0  # frames answered with silence, or never answered without a typed error
+    lost_sessions: int = 0  # sessions with such frames: lost without a typed error
+    hog: tuple[float, float] | None = None  # (start, end) seconds of the CPU hog
+    load_avg: tuple[float, float] | None = None  # 1-minute load average at the run's start and end
 
     def as_dict(self) -> dict[str, Any]:
-        return {
+        out: dict[str, Any] = {
             "run": self.run,
+            "controller": self.controller,
             "n_star": self.n_star,
             "collapsed": self.collapsed,
             "stalled_at_s": self.stalled_at_s,
             "admitted": self.admitted,
             "rejected": self.rejected,
             "peak_sessions": self.peak_sessions,
+            "p99_after_10s_ms": self.p99_after_ms,
+            "frames_after_10s": self.frames_after,
+            "late_after_10s": self.late_after,
+            "shed": len(self.shed),
+            "shed_retry_after_s": sorted({round(r, 3) for _, r in self.shed}),
+            "silent_frames": self.silent_frames,
+            "lost_sessions": self.lost_sessions,
+            "load_avg_1m": None if self.load_avg is None else list(self.load_avg),
         }
+        if self.hog is not None:
+            out["hog"] = self.hog_report()
+        return out
+
+    def hog_report(self) -> dict[str, Any]:
+        """What the controller did around the hog: the cap before, during and after, the sheds, the time to react."""
+        assert self.hog is not None
+        start, end = self.hog
+        before = [c for t, c, _ in self.cap if start - 5 <= t < start]
+        during = [(t, c, n) for t, c, n in self.cap if start <= t < end]
+        after = [c for t, c, _ in self.cap if t >= end + 10]
+        cap0 = before[-1] if before else None
+        # admission stops when the cap is at (or below) the sessions open: no newcomer fits
+        stopped = next((t - start for t, c, n in during if c <= n), None)
+        cut = next((t - start for t, c, _ in during if cap0 is not None and c < cap0), None)
+        return {
+            "start_s": round(start, 2),
+            "end_s": round(end, 2),
+            "cap_before": cap0,
+            "cap_min_during": min((c for _, c, _ in during), default=None),
+            "cap_median_after_10s": round(statistics.median(after)) if after else None,
+            "admission_stopped_after_s": None if stopped is None else round(stopped, 2),
+            "cap_cut_after_s": None if cut is None else round(cut, 2),
+            "shed_during": sum(1 for t, _ in self.shed if start <= t < end + 5),
+            "cap_series": [[round(t, 1), c, n] for t, c, n in _every_second(self.cap)],
+        }
+
+
+def _every_second(cap: list[tuple[float, int, int]]) -> list[tuple[float, int, int]]:
+    """The cap series at one row a second (the last row of each second)."""
+    rows: dict[int, tuple[float, int, int]] = {}
+    for row in cap:
+        rows[int(row[0])] = row
+    return [rows[k] for k in sorted(rows)]
+
+
+@contextmanager
+def hogging(procs: int) -> Iterator[None]:
+    """``procs`` CPU-bound processes (a busy loop each) for as long as the block runs."""
+    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(procs)]
+    try:
+        yield
+    finally:
+        for p in busy:
+            p.kill()
+        for p in busy:
+            p.wait()
+
+
+def _frames_after(trace: WorkloadTrace, settle: float, deadline: float) -> tuple[float | None, int, int]:
+    """p99 (ms) of the frames sent after ``settle`` seconds, their count, how many late. Left out: shed sessions'
+    frames, and frames still in flight when the run ended (sent in its last two periods, not answered)."""
+    cutoff = trace.end - 2 * deadline
+    frames = [
+        f
+        for f in trace.frames
+        if f.sent - trace.start >= settle and f.outcome != "shed" and (f.outcome != "unanswered" or f.sent < cutoff)
+    ]
+    waited = [trace.waited(f) for f in frames]
+    if not waited:
+        return None, 0, 0
+    late = sum(1 for f, w in zip(frames, waited, strict=True) if f.outcome not in ("ok", "empty") or w > deadline)
+    return round(percentile(waited, 0.99) * 1e3, 2), len(frames), late
+
+
+def _silent(trace: WorkloadTrace, period: float) -> tuple[int, int]:
+    """Frames answered with silence or never answered without a typed error, and the sessions they belong to.
+
+    A frame still in flight when the run ended (sent in its last two periods) is not counted."""
+    shed = {r.plan.index for r in trace.sessions if r.shed is not None}
+    silent = [
+        f
+        for f in trace.frames
+        if f.outcome == "empty" or (f.outcome == "unanswered" and f.sent < trace.end - 2 * period)
+    ]
+    lost = {f.session for f in silent if f.session not in shed}
+    return len(silent), len(lost)
 
 
 def converged_cap(cap: list[tuple[float, int, int]], *, until: float | None = None) -> int:
@@ -141,11 +271,16 @@ def converged_cap(cap: list[tuple[float, int, int]], *, until: float | None = No
 
 
 async def _one(
-    config: AdmitConfig, model: LlamaModel, kind: Policy, run: int, on_round: Callable[[float], None]
+    config: AdmitConfig,
+    model: LlamaModel,
+    kind: Policy,
+    run: int,
+    on_round: Callable[[float], None],
+    controller: Controller = "aimd",
 ) -> AdmitRun:
     spec = config.spec
     scale = config.time_scale
-    horizon = config.run_seconds * scale
+    horizon = config.horizon
     lo, hi = config.duration
     plans = plan_arrivals(
         rate=config.arrival_rate,
@@ -166,10 +301,12 @@ async def _one(
         core=core,
         timing=TimingConfig(period=spec.period, max_chunk_tokens=spec.tokens_per_tick),
         # a streaming session appends its frame's tokens and its output each tick: the calibrated cap counts that
-        admission=replace(config.admission, session_tokens=spec.tokens_per_tick),
+        admission=replace(config.admission, session_tokens=spec.tokens_per_tick, policy=controller),
         on_tick=trace.ticks.append,
     )
     stop = horizon
+    hog: tuple[float, float] | None = None
+    load0 = _load_avg()
 
     def watch(elapsed: float) -> None:
         nonlocal stop
@@ -191,13 +328,36 @@ async def _one(
                 await run_workload(engine, plans, spec, trace, horizon=horizon, on_round=watch)
                 tg.cancel_scope.cancel()
 
+            async def hog_mid_run() -> None:
+                nonlocal hog
+                await anyio.sleep(config.hog_start * scale)
+                began = time.monotonic() - trace.start
+                with hogging(config.hog_procs):
+                    await anyio.sleep(config.hog)
+                hog = (began, time.monotonic() - trace.start)
+
             tg.start_soon(stopper)
             tg.start_soon(drive)
+            if config.hog:
+                tg.start_soon(hog_mid_run)
         stats = engine.stats()
     stall = trace.first_stall()
     stalled_at = None if stall is None else stall.time - trace.start
     cap = [(t - trace.start, c, n) for t, c, n in trace.limits]
+    p99, frames_after, late = _frames_after(trace, SETTLE_SECONDS * scale, spec.period)
+    silent, lost = _silent(trace, spec.period)
+    shed = [((r.shed_at or 0.0) - trace.start, r.shed.retry_after) for r in trace.shed() if r.shed is not None]
+    load1 = _load_avg()
     return AdmitRun(
+        controller=controller,
+        p99_after_ms=p99,
+        frames_after=frames_after,
+        late_after=late,
+        shed=shed,
+        silent_frames=silent,
+        lost_sessions=lost,
+        hog=hog,
+        load_avg=None if load0 is None or load1 is None else (load0, load1),
         policy=kind,
         run=run,
         n_star=converged_cap(cap, until=stalled_at),
@@ -211,11 +371,15 @@ async def _one(
     )
 
 
+def _load_avg() -> float | None:
+    return round(os.getloadavg()[0], 2) if hasattr(os, "getloadavg") else None
+
+
 def run_admit(
     config: AdmitConfig,
     *,
     model: LlamaModel | None = None,
-    policies: tuple[Policy, ...] = ("window", "full"),
+    policies: tuple[Policy, ...] | None = None,
     on_round: Callable[[float], None] | None = None,
     on_run: Callable[[AdmitRun], None] | None = None,
 ) -> list[AdmitRun]:
@@ -223,36 +387,29 @@ def run_admit(
     runs: list[AdmitRun] = []
 
     async def main() -> None:
-        for kind in policies:
+        for kind in policies if policies is not None else config.kvs:
             for i in range(config.runs):
-                result = await _one(config, net, kind, i, on_round or (lambda _: None))
-                runs.append(result)
-                if on_run is not None:
-                    on_run(result)
+                for controller in config.controllers:  # interleaved: each run's arrivals, both policies
+                    result = await _one(config, net, kind, i, on_round or (lambda _: None), controller)
+                    runs.append(result)
+                    if on_run is not None:
+                        on_run(result)
 
     anyio.run(main)
     return runs
 
 
 def summarize(config: AdmitConfig, runs: list[AdmitRun], n_sched: int, sweep: dict[str, Any] | None) -> dict[str, Any]:
+    """``out[kv][controller]``: each policy's runs under each KV policy, beside ``n_sched``."""
     out: dict[str, Any] = {}
     for kind in ("window", "full"):
-        mine = [r for r in runs if r.policy == kind]
-        if not mine:
-            continue
-        entry: dict[str, Any] = {
-            "n_star": round(statistics.median(r.n_star for r in mine)),
-            "runs": len(mine),
-            "collapsed": sum(r.collapsed for r in mine),
-            "peak_sessions": max(r.peak_sessions for r in mine),
-            "per_run": [r.as_dict() for r in mine],
-        }
-        if kind == "window":
-            entry["n_sched"] = n_sched
-            entry["n_star_rel_err"] = round(abs(entry["n_star"] - n_sched) / n_sched, 4) if n_sched else None
-        else:
-            entry["pool_carries_sessions"] = round(config.pool_carries, 2)
-        out[kind] = entry
+        by_controller: dict[str, Any] = {}
+        for controller in config.controllers:
+            mine = [r for r in runs if r.policy == kind and r.controller == controller]
+            if mine:
+                by_controller[controller] = _entry(config, kind, mine, n_sched)
+        if by_controller:
+            out[kind] = by_controller
     if sweep is not None:
         out["sweep"] = sweep
     out["config"] = {
@@ -277,6 +434,38 @@ def summarize(config: AdmitConfig, runs: list[AdmitRun], n_sched: int, sweep: di
         "model": config.model,
         "kernels": config.kernels,
         "time_scale": config.time_scale,
+        "controllers": list(config.controllers),
+        "hog": {"seconds": config.hog, "start_s": config.hog_start * config.time_scale, "procs": config.hog_procs}
+        if config.hog
+        else None,
+        "horizon_s": config.horizon,
         "n_star": "median admission cap over the second half of the run (before the first stall)",
+        "p99_after_10s_ms": "p99 of the frames sent after the first 10 s (x time_scale), shed sessions' left out; a "
+        "frame never answered counts with the time it had waited",
     }
     return out
+
+
+def _entry(config: AdmitConfig, kind: Policy, mine: list[AdmitRun], n_sched: int) -> dict[str, Any]:
+    entry: dict[str, Any] = {
+        "n_star": round(statistics.median(r.n_star for r in mine)),
+        "runs": len(mine),
+        "collapsed": sum(r.collapsed for r in mine),
+        "peak_sessions": max(r.peak_sessions for r in mine),
+        "shed": sum(len(r.shed) for r in mine),
+        "lost_sessions": sum(r.lost_sessions for r in mine),
+        "per_run": [r.as_dict() for r in mine],
+    }
+    if kind == "window":
+        entry["n_sched"] = n_sched
+        errs = [abs(r.n_star - n_sched) / n_sched for r in mine] if n_sched else []
+        entry["n_star_rel_err"] = round(abs(entry["n_star"] - n_sched) / n_sched, 4) if n_sched else None
+        entry["n_star_rel_err_max"] = round(max(errs), 4) if errs else None
+        entry["runs_n_star_within_10pct"] = sum(1 for e in errs if e <= 0.10)
+        entry["runs_peak_within_10pct"] = sum(1 for r in mine if r.peak_sessions <= 1.10 * n_sched)
+        p99s = [r.p99_after_ms for r in mine if r.p99_after_ms is not None]
+        entry["p99_after_10s_ms_max"] = max(p99s) if p99s else None
+        entry["runs_p99_after_10s_under_deadline"] = sum(1 for p in p99s if p <= config.period * 1e3)
+    else:
+        entry["pool_carries_sessions"] = round(config.pool_carries, 2)
+    return entry

@@ -158,21 +158,28 @@ def plot_sweep(points: list[SweepPoint], deadline_ms: float, n_sched: int | None
 def plot_admit(runs: list[AdmitRun], n_sched: int | None, out: Path) -> Path:
     plt = _pyplot()
     kinds = [k for k in ("window", "full") if any(r.policy == k for r in runs)]
-    fig, axes = plt.subplots(1, len(kinds), figsize=(5 * len(kinds), 3.4), squeeze=False)
-    for ax, kind in zip(axes[0], kinds, strict=True):
-        for r in (r for r in runs if r.policy == kind):
-            t, cap, open_ = zip(*r.cap, strict=True) if r.cap else ((), (), ())
-            ax.step(t, cap, where="post", color=_COLORS[kind], label="admission cap" if r.run == 0 else None)
-            ax.step(t, open_, where="post", color="gray", alpha=0.7, label="sessions open" if r.run == 0 else None)
-            if r.stalled_at_s is not None:
-                ax.axvline(r.stalled_at_s, color="black", lw=1, label="first stall" if r.run == 0 else None)
-            if kind == "full" and r.occupancy:
-                tw = ax.twinx()
-                to, occ = zip(*r.occupancy, strict=True)
-                tw.plot(to, occ, color=_COLORS["full"], alpha=0.3, lw=1)
-                tw.set(ylim=(0, 1.05), ylabel="pool occupancy (light)")
-        if n_sched:
-            ax.axhline(n_sched, color="black", ls="--", lw=1, label=f"sweep n_sched = {n_sched}")
-        ax.set(xlabel="seconds", ylabel="sessions", title=f"AIMD admission, kv={kind}")
-        ax.legend(fontsize=7, loc="upper left")
+    controllers = list(dict.fromkeys(r.controller for r in runs))
+    fig, axes = plt.subplots(
+        len(controllers), len(kinds), figsize=(5 * len(kinds), 3.4 * len(controllers)), squeeze=False
+    )
+    for row, controller in zip(axes, controllers, strict=True):
+        for ax, kind in zip(row, kinds, strict=True):
+            for r in (r for r in runs if r.policy == kind and r.controller == controller):
+                t, cap, open_ = zip(*r.cap, strict=True) if r.cap else ((), (), ())
+                first = r.run == 0
+                ax.step(t, cap, where="post", color=_COLORS[kind], label="admission cap" if first else None)
+                ax.step(t, open_, where="post", color="gray", alpha=0.7, label="sessions open" if first else None)
+                if r.stalled_at_s is not None:
+                    ax.axvline(r.stalled_at_s, color="black", lw=1, label="first stall" if first else None)
+                if r.hog is not None:
+                    ax.axvspan(*r.hog, color="orange", alpha=0.08, label="CPU hog" if first else None)
+                if kind == "full" and r.occupancy:
+                    tw = ax.twinx()
+                    to, occ = zip(*r.occupancy, strict=True)
+                    tw.plot(to, occ, color=_COLORS["full"], alpha=0.3, lw=1)
+                    tw.set(ylim=(0, 1.05), ylabel="pool occupancy (light)")
+            if n_sched:
+                ax.axhline(n_sched, color="black", ls="--", lw=1, label=f"sweep n_sched = {n_sched}")
+            ax.set(xlabel="seconds", ylabel="sessions", title=f"{controller} admission, kv={kind}")
+            ax.legend(fontsize=7, loc="upper left")
     return _save(fig, out / "admit_cap.png")

@@ -32,6 +32,7 @@ from metronome_sdk import (
     EngineError,
     EngineStalled,
     InputFrame,
+    LoadShed,
     Session,
     SessionClosed,
     TickReport,
@@ -57,7 +58,7 @@ __all__ = [
     "small_model",
 ]
 
-Outcome = Literal["ok", "empty", "stalled", "error", "dropped", "unanswered"]
+Outcome = Literal["ok", "empty", "stalled", "error", "dropped", "unanswered", "shed"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +178,8 @@ class SessionRecord:
     admitted: bool
     opened: float | None = None
     closed: float | None = None
+    shed: LoadShed | None = None  # the typed error the engine ended it with, when it was shed
+    shed_at: float | None = None
 
 
 @dataclass(slots=True)
@@ -190,6 +193,10 @@ class WorkloadTrace:
     sessions: list[SessionRecord] = field(default_factory=list)
     limits: list[tuple[float, int, int]] = field(default_factory=list)  # (time, admission cap, sessions open)
     errors: list[str] = field(default_factory=list)  # engine errors other than stalls, as reported
+
+    def shed(self) -> list[SessionRecord]:
+        """Sessions the engine shed with ``LoadShed``, in the order it shed them."""
+        return sorted((r for r in self.sessions if r.shed is not None), key=lambda r: r.shed_at or 0.0)
 
     def first_stall(self) -> TickReport | None:
         return next((t for t in self.ticks if t.stalled), None)
@@ -368,8 +375,8 @@ async def _send_together(sends: list[tuple[Session, InputFrame]]) -> None:
 
 
 async def _send(session: Session, frame: InputFrame) -> None:
-    # closed since the round's check: its reader records the rest
-    with contextlib.suppress(SessionClosed, EngineClosed):
+    # closed (or shed) since the round's check: its reader records the rest
+    with contextlib.suppress(SessionClosed, EngineClosed, LoadShed):
         await session.send(frame)
 
 
@@ -390,6 +397,14 @@ async def _read(s: _Live, trace: WorkloadTrace, record: SessionRecord, clock: Ca
                 out = await s.session.receive()
             except EngineClosed:
                 raise
+            except LoadShed as exc:  # ended by the engine, typed: its frames not answered are counted as shed
+                record.shed, record.shed_at = exc, clock()
+                record.closed = record.shed_at
+                s.done_sending = True
+                for f in s.frames:
+                    if f.outcome == "unanswered":
+                        f.outcome = "shed"
+                break
             except EngineError as exc:
                 frame = _next_unanswered(s)
                 if frame is not None:

@@ -13,7 +13,7 @@ import torch
 
 from .._extras import require
 
-__all__ = ["add_common", "machine", "positive_float", "save_report", "setup_threads"]
+__all__ = ["add_common", "add_isa", "machine", "positive_float", "save_report", "select_isa", "setup_threads"]
 
 
 def positive_float(text: str) -> float:
@@ -43,6 +43,43 @@ def add_common(p: argparse.ArgumentParser) -> None:
         help="torch threads (default 1: on a shared CPU, spinning intra-op threads slow every step)",
     )
     p.add_argument("--json", action="store_true", help="print JSON")
+
+
+# what `--isa x86-64-v3` tells this process's libraries, so that the whole run (the fused
+# kernels, torch's own kernels, MKL and oneDNN under the torch path and HF) is what an AVX2
+# machine runs. Each library reads its variable when first used, which is after this is set.
+AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+
+
+def add_isa(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--isa",
+        choices=["native", "x86-64-v3", "generic"],
+        default=os.environ.get("METRONOME_KERNELS_ISA") or "native",
+        help="the fused kernels' build: this CPU's own vector unit (default), x86-64-v3 (AVX2+FMA, with "
+        "torch, MKL and oneDNN held to AVX2 too): an AVX2 machine's figures on any x86-64 one, or generic "
+        "(no intrinsics: the paths an aarch64 build runs)",
+    )
+
+
+def select_isa(isa: str) -> str:
+    """Point this process at the kernels' build ``isa``; returns torch's CPU capability. Call it before
+    anything computes."""
+    from metronome_engine.kernels import ISA_ENV, cannot_run
+
+    why = cannot_run(isa)  # type: ignore[arg-type]  # argparse's choices are the builds
+    if why is not None:  # said here, not as a compiler's failure or a quiet fall back to torch
+        raise ValueError(f"--isa {isa}: {why}")
+    os.environ[ISA_ENV] = isa
+    if isa == "x86-64-v3":
+        os.environ.update(AVX2_ENV)
+    capability = str(torch.backends.cpu.get_cpu_capability())
+    if isa == "x86-64-v3" and capability not in ("AVX2", "DEFAULT"):
+        raise RuntimeError(
+            f"torch already chose its {capability} kernels in this process; run with "
+            + " ".join(f"{k}={v}" for k, v in AVX2_ENV.items())
+        )
+    return capability
 
 
 def setup_threads(args: argparse.Namespace) -> None:

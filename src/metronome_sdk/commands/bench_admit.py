@@ -1,16 +1,17 @@
-"""``metronome bench admit``: the AIMD controller online, beside the sweep's schedulable N."""
+"""``metronome bench admit``: admission policies online, side by side, beside the sweep's schedulable N."""
 
 from __future__ import annotations
 
 import argparse
 import json
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ._base import Command, emit_json, print_table, progress_bar
-from ._bench_common import add_common, machine, save_report, setup_threads
+from ._bench_common import add_common, add_isa, machine, positive_float, save_report, select_isa, setup_threads
 from .bench_sweep import add_sweep_arguments, sweep_config
 
 
@@ -28,8 +29,40 @@ def _add(p: argparse.ArgumentParser) -> None:
         help="take n_sched from a `bench sweep` report (bench-out/sweep.json) instead of sweeping",
     )
     p.add_argument("--runs", type=int, default=1, help="runs per policy (default 1)")
+    p.add_argument(
+        "--policy",
+        type=_names("--policy", ("model", "aimd")),
+        default=("model",),
+        help="admission policies, comma-separated, run side by side on the same arrivals (default model; "
+        "model,aimd compares them)",
+    )
+    p.add_argument(
+        "--kv",
+        type=_names("--kv", ("window", "full")),
+        default=("window", "full"),
+        help="KV policies (default window,full; full shows the cliff the memory guard cannot see)",
+    )
+    p.add_argument(
+        "--hog",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="start a CPU-bound process 20 s into each run (x --time-scale) for SECONDS: the machine slows mid-run",
+    )
+    p.add_argument("--hog-procs", type=int, default=1, help="busy processes the hog starts, one core each (default 1)")
+    add_isa(p)
     add_sweep_arguments(p)
     add_common(p)
+
+
+def _names(flag: str, allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ...]]:
+    def parse(text: str) -> tuple[str, ...]:
+        names = tuple(dict.fromkeys(x.strip() for x in text.split(",") if x.strip()))
+        if not names or any(n not in allowed for n in names):
+            raise argparse.ArgumentTypeError(f"{flag} takes {' and/or '.join(allowed)}, comma-separated; got {text!r}")
+        return names
+
+    return parse
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -39,6 +72,7 @@ def _run(args: argparse.Namespace) -> int:
     from ..bench.sweep import summarize as summarize_sweep
     from ..bench.workload import bench_model
 
+    capability = select_isa(args.isa)  # before anything computes
     setup_threads(args)
     started = time.monotonic()
     model = bench_model(args.model)
@@ -72,11 +106,22 @@ def _run(args: argparse.Namespace) -> int:
             raise ValueError(f"--n-sched must be >= 1, got {args.n_sched}")
         n_sched = args.n_sched
     scale = args.time_scale * (0.3 if args.quick else 1.0)
-    config = AdmitConfig(runs=args.runs, seed=args.seed, model=args.model, time_scale=scale, kernels=args.kernels)
+    config = AdmitConfig(
+        runs=args.runs,
+        seed=args.seed,
+        model=args.model,
+        time_scale=scale,
+        kernels=args.kernels,
+        controllers=args.policy,
+        kvs=args.kv,
+        hog=args.hog or 0.0,
+        hog_procs=args.hog_procs,
+    )
     if args.quick:  # decisions on fewer frames, a pool that fills within the short run
         config = replace(config, pool_sessions=8, admission=replace(config.admission, min_samples=16))
     config = config.sized_for(n_sched)
-    with progress_bar(round(2 * args.runs * config.run_seconds * scale), "bench admit") as bar:
+    total = len(config.kvs) * len(config.controllers) * args.runs * config.horizon
+    with progress_bar(round(total), "bench admit") as bar:
         bar.unit = "s"
         last = [0.0]
 
@@ -91,19 +136,32 @@ def _run(args: argparse.Namespace) -> int:
         runs = run_admit(config, model=model, on_round=tick, on_run=new_run)
     report = summarize(config, runs, n_sched, sweep)
     report["plots"] = [str(plot_admit(runs, n_sched, args.out))]
-    report["machine"] = machine()
+    report["machine"] = {**machine(), "isa": args.isa, "torch_capability": capability}
     report["seconds"] = round(time.monotonic() - started, 1)
     saved = save_report(report, args.out, "admit")
     if args.json:
         emit_json(report)
         return 0
-    w, f = report["window"], report["full"]
+    rows = []
+    for kind in config.kvs:
+        for controller, e in report[kind].items():
+            rows.append(
+                [
+                    controller,
+                    kind,
+                    e["n_star"],
+                    n_sched,
+                    " ".join(str(r["n_star"]) for r in e["per_run"]),
+                    e["peak_sessions"],
+                    e.get("p99_after_10s_ms_max", "-"),
+                    e["collapsed"],
+                    e["shed"],
+                    e["lost_sessions"],
+                ]
+            )
     print_table(
-        ["policy", "N*", "n_sched", "runs", "collapsed", "peak sessions", "pool carries"],
-        [
-            ["window", w["n_star"], w["n_sched"], w["runs"], w["collapsed"], w["peak_sessions"], "-"],
-            ["full", f["n_star"], n_sched, f["runs"], f["collapsed"], f["peak_sessions"], f["pool_carries_sessions"]],
-        ],
+        ["policy", "kv", "N*", "n_sched", "N* per run", "peak open", "p99 >10 s ms (max)", "collapsed", "shed", "lost"],
+        rows,
     )
     if sweep is not None:
         print()
@@ -116,5 +174,5 @@ def _run(args: argparse.Namespace) -> int:
 
 
 BENCH_ADMIT = Command(
-    "bench", "admit", "AIMD admission online: converged cap N* beside the sweep's n_sched", _add, _run
+    "bench", "admit", "admission online (model, aimd): converged cap N* beside the sweep's n_sched", _add, _run
 )

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from ._base import Command, emit_json, print_table
+from ._bench_common import add_isa, select_isa
 
 
 def _batches(text: str) -> list[int]:
@@ -21,31 +22,6 @@ def _batches(text: str) -> list[int]:
     if not values or any(v < 1 or v > 1024 for v in values):
         raise argparse.ArgumentTypeError(f"--batch sizes must be in [1, 1024], got {text!r}")
     return values
-
-
-# what `--isa x86-64-v3` tells this process's libraries, so that the whole run (the fused
-# kernels, torch's own kernels, MKL and oneDNN under the torch path and HF) is what an AVX2
-# machine runs. Each library reads its variable when first used, which is after this is set.
-_AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-
-
-def _select_isa(isa: str) -> str:
-    """Point this process at the kernels' build ``isa``; returns torch's CPU capability."""
-    from metronome_engine.kernels import ISA_ENV, cannot_run
-
-    why = cannot_run(isa)  # type: ignore[arg-type]  # argparse's choices are the builds
-    if why is not None:  # said here, not as a compiler's failure or a quiet fall back to torch
-        raise ValueError(f"--isa {isa}: {why}")
-    os.environ[ISA_ENV] = isa
-    if isa == "x86-64-v3":
-        os.environ.update(_AVX2_ENV)
-    capability = str(torch.backends.cpu.get_cpu_capability())
-    if isa == "x86-64-v3" and capability not in ("AVX2", "DEFAULT"):
-        raise RuntimeError(
-            f"torch already chose its {capability} kernels in this process; run with "
-            + " ".join(f"{k}={v}" for k, v in _AVX2_ENV.items())
-        )
-    return capability
 
 
 def _chunks(text: str) -> list[int]:
@@ -88,14 +64,7 @@ def _add(p: argparse.ArgumentParser) -> None:
         default="auto",
         help="the engine's CPU path: fused kernels, plain torch ops, or whichever was measured faster here (default)",
     )
-    p.add_argument(
-        "--isa",
-        choices=["native", "x86-64-v3", "generic"],
-        default=os.environ.get("METRONOME_KERNELS_ISA") or "native",
-        help="the fused kernels' build: this CPU's own vector unit (default), x86-64-v3 (AVX2+FMA, with "
-        "torch, MKL and oneDNN held to AVX2 too): an AVX2 machine's figures on any x86-64 one, or generic "
-        "(no intrinsics: the paths an aarch64 build runs)",
-    )
+    add_isa(p)
     p.add_argument("--no-torch", action="store_true", help="skip timing the engine's torch path beside the fused one")
     p.add_argument(
         "--prefill",
@@ -132,7 +101,7 @@ def _add(p: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     if args.steps < 1:
         raise ValueError(f"--steps must be >= 1, got {args.steps}")
-    capability = _select_isa(args.isa)  # before anything computes
+    capability = select_isa(args.isa)  # before anything computes
     from metronome_engine.engine import auto_choice
 
     from ..bench.anchors import make_anchors
