@@ -96,8 +96,11 @@ class LoadShed(Overloaded):
     """An admitted session was dropped to protect the others (``limit``, ``in_flight`` as for admission).
 
     Raised when a session left ``ReliabilityConfig.output_queue`` outputs unread (a slow
-    consumer, under ``slow_consumer="shed"``): its unread outputs come first, then this
-    error; the session is closed and its blocks are back in the pool.
+    consumer, under ``slow_consumer="shed"``), when a step ran past the watchdog's limit on a
+    machine too slow for the load, or when the machine slowed with sessions in and their frames
+    still miss the deadline with admission stopped (``AdmissionConfig(policy="model")``: the
+    newest go first). Its unread outputs come first, then this error; the session is closed and
+    its blocks are back in the pool.
     """
 
     def __init__(

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
-from metronome_sdk import AdmissionConfig, InputFrame
+from metronome_engine import KVPolicy
+from metronome_sdk import AdmissionConfig, Engine, InputFrame, LoadShed, Session, TimingConfig
 from metronome_sdk._cost import StepCost
 from metronome_sdk._predictive import ModelAdmitter
-from tests.sdk.conftest import FakeClock, make_engine
+from tests.sdk.conftest import CharTokenizer, FakeClock, make_engine
+from tests.sdk.slowed import SlowedBackend
 
 DEADLINE = 0.5  # seconds; target 1.0: the threshold is the deadline
 PER = 9  # tokens a session appends a tick (8 input + its output), as in `bench admit`
@@ -163,3 +166,37 @@ async def test_an_engine_under_the_model_policy_never_caps_below_its_sessions() 
             assert stats.limit >= stats.sessions == 3
         for s in sessions:
             await s.aclose()
+
+
+@pytest.mark.timeout(120)
+async def test_a_machine_that_slows_sheds_the_newest_sessions_with_load_shed() -> None:
+    # 5 ms + 2 ms a token; each session appends 3 tokens + its output a tick: 4 fit an 80 ms deadline easily.
+    # Then every step costs 100 ms more (another process took the core): past the deadline, whatever is shed.
+    core = SlowedBackend(KVPolicy.windowed(8, sinks=4), fixed=0.005, per_token=0.002)
+    admission = AdmissionConfig(policy="model", session_tokens=4, min_samples=4, interval=0.2, queue_timeout=0.0)
+    engine = Engine(core=core, timing=TimingConfig(period=0.08), admission=admission, tokenizer=CharTokenizer())
+    shed: dict[int, LoadShed] = {}
+    async with engine:
+        sessions = [engine.try_session() for _ in range(4)]
+        for s in sessions:
+            await s.step(InputFrame.from_tokens([5, 6, 7]))
+        core.fixed += 0.1
+
+        async def talk(s: Session) -> None:
+            try:
+                for _ in range(30):
+                    await s.step(InputFrame.from_tokens([5, 6, 7]))
+                    stats = engine.stats()
+                    assert stats.limit >= stats.sessions  # never a cap below what runs
+            except LoadShed as exc:
+                shed[s.id] = exc
+
+        async with anyio.create_task_group() as tg:
+            for s in sessions:
+                tg.start_soon(talk, s)
+        for s in sessions:
+            await s.aclose()
+    assert shed, "a machine that misses every deadline shed nobody"
+    assert sessions[0].id not in shed  # the oldest is never shed first, and the last open never
+    assert sorted(shed) == [s.id for s in sessions[len(sessions) - len(shed) :]]  # the newest went
+    assert all(e.retry_after > 0 for e in shed.values())
