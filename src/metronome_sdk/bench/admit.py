@@ -21,11 +21,8 @@ from __future__ import annotations
 import math
 import os
 import statistics
-import subprocess
-import sys
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
@@ -35,8 +32,8 @@ from metronome_engine import EngineCore
 from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
-from metronome_sdk._admission import percentile
 
+from .admit_trace import frames_after, hog_report, hogging, silent_frames
 from .workload import (
     Policy,
     StreamExperiment,
@@ -182,82 +179,8 @@ class AdmitRun:
             "load_avg_1m": None if self.load_avg is None else list(self.load_avg),
         }
         if self.hog is not None:
-            out["hog"] = self.hog_report()
+            out["hog"] = hog_report(self.cap, self.shed, self.hog)
         return out
-
-    def hog_report(self) -> dict[str, Any]:
-        """What the controller did around the hog: the cap before, during and after, the sheds, the time to react."""
-        assert self.hog is not None
-        start, end = self.hog
-        before = [c for t, c, _ in self.cap if start - 5 <= t < start]
-        during = [(t, c, n) for t, c, n in self.cap if start <= t < end]
-        after = [c for t, c, _ in self.cap if t >= end + 10]
-        cap0 = before[-1] if before else None
-        # admission stops when the cap is at (or below) the sessions open: no newcomer fits
-        stopped = next((t - start for t, c, n in during if c <= n), None)
-        cut = next((t - start for t, c, _ in during if cap0 is not None and c < cap0), None)
-        return {
-            "start_s": round(start, 2),
-            "end_s": round(end, 2),
-            "cap_before": cap0,
-            "cap_min_during": min((c for _, c, _ in during), default=None),
-            "cap_median_after_10s": round(statistics.median(after)) if after else None,
-            "admission_stopped_after_s": None if stopped is None else round(stopped, 2),
-            "cap_cut_after_s": None if cut is None else round(cut, 2),
-            "shed_during": sum(1 for t, _ in self.shed if start <= t < end + 5),
-            "cap_series": [[round(t, 1), c, n] for t, c, n in _every_second(self.cap)],
-        }
-
-
-def _every_second(cap: list[tuple[float, int, int]]) -> list[tuple[float, int, int]]:
-    """The cap series at one row a second (the last row of each second)."""
-    rows: dict[int, tuple[float, int, int]] = {}
-    for row in cap:
-        rows[int(row[0])] = row
-    return [rows[k] for k in sorted(rows)]
-
-
-@contextmanager
-def hogging(procs: int) -> Iterator[None]:
-    """``procs`` CPU-bound processes (a busy loop each) for as long as the block runs."""
-    busy = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(procs)]
-    try:
-        yield
-    finally:
-        for p in busy:
-            p.kill()
-        for p in busy:
-            p.wait()
-
-
-def _frames_after(trace: WorkloadTrace, settle: float, deadline: float) -> tuple[float | None, int, int]:
-    """p99 (ms) of the frames sent after ``settle`` seconds, their count, how many late. Left out: shed sessions'
-    frames, and frames still in flight when the run ended (sent in its last two periods, not answered)."""
-    cutoff = trace.end - 2 * deadline
-    frames = [
-        f
-        for f in trace.frames
-        if f.sent - trace.start >= settle and f.outcome != "shed" and (f.outcome != "unanswered" or f.sent < cutoff)
-    ]
-    waited = [trace.waited(f) for f in frames]
-    if not waited:
-        return None, 0, 0
-    late = sum(1 for f, w in zip(frames, waited, strict=True) if f.outcome not in ("ok", "empty") or w > deadline)
-    return round(percentile(waited, 0.99) * 1e3, 2), len(frames), late
-
-
-def _silent(trace: WorkloadTrace, period: float) -> tuple[int, int]:
-    """Frames answered with silence or never answered without a typed error, and the sessions they belong to.
-
-    A frame still in flight when the run ended (sent in its last two periods) is not counted."""
-    shed = {r.plan.index for r in trace.sessions if r.shed is not None}
-    silent = [
-        f
-        for f in trace.frames
-        if f.outcome == "empty" or (f.outcome == "unanswered" and f.sent < trace.end - 2 * period)
-    ]
-    lost = {f.session for f in silent if f.session not in shed}
-    return len(silent), len(lost)
 
 
 def converged_cap(cap: list[tuple[float, int, int]], *, until: float | None = None) -> int:
@@ -344,14 +267,14 @@ async def _one(
     stall = trace.first_stall()
     stalled_at = None if stall is None else stall.time - trace.start
     cap = [(t - trace.start, c, n) for t, c, n in trace.limits]
-    p99, frames_after, late = _frames_after(trace, SETTLE_SECONDS * scale, spec.period)
-    silent, lost = _silent(trace, spec.period)
-    shed = [((r.shed_at or 0.0) - trace.start, r.shed.retry_after) for r in trace.shed() if r.shed is not None]
+    p99, after, late = frames_after(trace, SETTLE_SECONDS * scale, spec.period)
+    silent, lost = silent_frames(trace, spec.period)
+    shed = sorted((r.shed[0] - trace.start, r.shed[1].retry_after) for r in trace.sessions if r.shed is not None)
     load1 = _load_avg()
     return AdmitRun(
         controller=controller,
         p99_after_ms=p99,
-        frames_after=frames_after,
+        frames_after=after,
         late_after=late,
         shed=shed,
         silent_frames=silent,

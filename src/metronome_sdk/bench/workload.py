@@ -14,7 +14,6 @@ varies what each session sends frame by frame (``FrameLoad``: speech, silence, l
 from __future__ import annotations
 
 import contextlib
-import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,6 +37,7 @@ from metronome_sdk import (
     TickReport,
 )
 
+from .arrivals import SessionPlan, plan_arrivals, plan_sessions
 from .silent import is_silence
 
 Policy = Literal["full", "window"]
@@ -59,41 +59,6 @@ __all__ = [
 ]
 
 Outcome = Literal["ok", "empty", "stalled", "error", "dropped", "unanswered", "shed"]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionPlan:
-    index: int
-    arrival: float  # seconds from the start of the run
-    duration: float  # seconds of streaming
-
-
-def plan_sessions(n: int, *, seed: int, arrival_spread: float, duration: tuple[float, float]) -> list[SessionPlan]:
-    """``n`` sessions arriving uniformly in ``[0, arrival_spread)``, each lasting uniformly in ``duration``."""
-    if n < 1:
-        raise ValueError(f"n must be >= 1 session, got {n}")
-    lo, hi = duration
-    if not 0 < lo <= hi:
-        raise ValueError(f"duration must be (lo, hi) with 0 < lo <= hi seconds, got {duration}")
-    rng = random.Random(seed)
-    plans = [SessionPlan(i, rng.uniform(0.0, arrival_spread), rng.uniform(lo, hi)) for i in range(n)]
-    return sorted(plans, key=lambda p: p.arrival)
-
-
-def plan_arrivals(
-    *, rate: float, horizon: float, seed: int, duration: tuple[float, float], first: int = 0
-) -> list[SessionPlan]:
-    """Poisson arrivals at ``rate`` per second until ``horizon``, after ``first`` sessions at time 0."""
-    if rate <= 0:
-        raise ValueError(f"rate must be > 0 sessions per second, got {rate}")
-    rng = random.Random(seed)
-    lo, hi = duration
-    plans = [SessionPlan(i, 0.0, rng.uniform(lo, hi)) for i in range(first)]
-    t = rng.expovariate(rate)
-    while t < horizon:
-        plans.append(SessionPlan(len(plans), t, rng.uniform(lo, hi)))
-        t += rng.expovariate(rate)
-    return plans
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -178,8 +143,7 @@ class SessionRecord:
     admitted: bool
     opened: float | None = None
     closed: float | None = None
-    shed: LoadShed | None = None  # the typed error the engine ended it with, when it was shed
-    shed_at: float | None = None
+    shed: tuple[float, LoadShed] | None = None  # when the engine shed it, and the typed error it ended with
 
 
 @dataclass(slots=True)
@@ -193,10 +157,6 @@ class WorkloadTrace:
     sessions: list[SessionRecord] = field(default_factory=list)
     limits: list[tuple[float, int, int]] = field(default_factory=list)  # (time, admission cap, sessions open)
     errors: list[str] = field(default_factory=list)  # engine errors other than stalls, as reported
-
-    def shed(self) -> list[SessionRecord]:
-        """Sessions the engine shed with ``LoadShed``, in the order it shed them."""
-        return sorted((r for r in self.sessions if r.shed is not None), key=lambda r: r.shed_at or 0.0)
 
     def first_stall(self) -> TickReport | None:
         return next((t for t in self.ticks if t.stalled), None)
@@ -397,13 +357,11 @@ async def _read(s: _Live, trace: WorkloadTrace, record: SessionRecord, clock: Ca
                 out = await s.session.receive()
             except EngineClosed:
                 raise
-            except LoadShed as exc:  # ended by the engine, typed: its frames not answered are counted as shed
-                record.shed, record.shed_at = exc, clock()
-                record.closed = record.shed_at
-                s.done_sending = True
-                for f in s.frames:
-                    if f.outcome == "unanswered":
-                        f.outcome = "shed"
+            except LoadShed as exc:  # ended by the engine, typed: what it had not answered counts as shed
+                record.closed, s.done_sending = clock(), True
+                record.shed = (record.closed, exc)
+                for f in (f for f in s.frames if f.outcome == "unanswered"):
+                    f.outcome = "shed"
                 break
             except EngineError as exc:
                 frame = _next_unanswered(s)
