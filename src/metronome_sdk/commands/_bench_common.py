@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 from pathlib import Path
 from typing import Any
 
@@ -54,12 +53,19 @@ def setup_threads(args: argparse.Namespace) -> None:
 
 
 def machine() -> dict[str, Any]:
+    """What every benchmark's JSON says of the machine: ``lscpu``'s model name, the vector
+    flags that pick a kernel path, the kernels' build this process runs, torch's threads and
+    CPU capability, and the load when it was written."""
+    from metronome_engine import cpu
+    from metronome_engine.kernels import default_isa
+
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
+        **cpu.describe(),
+        "build": default_isa(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "torch_cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
         "load_avg_1m": None if load is None else round(load[0], 2),
     }
 

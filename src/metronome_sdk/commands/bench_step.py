@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 from typing import Any
 
 import torch
 
+from metronome_engine.kernels import ISAS, Isa
+
 from ._base import Command, emit_json, print_table
+from ._bench_common import machine
 
 
 def _batches(text: str) -> list[int]:
@@ -23,27 +25,25 @@ def _batches(text: str) -> list[int]:
     return values
 
 
-# what `--isa x86-64-v3` tells this process's libraries, so that the whole run (the fused
-# kernels, torch's own kernels, MKL and oneDNN under the torch path and HF) is what an AVX2
-# machine runs. Each library reads its variable when first used, which is after this is set.
-_AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+def _select_isa(isa: Isa) -> str:
+    """Point this process at the kernels' build ``isa``, and torch's own kernels, MKL and
+    oneDNN at its vector unit (``kernels.held_env``: x86-64-v3 holds them to AVX2, x86-64-v4
+    to AVX-512 without VNNI or AMX), so that the whole run (the fused kernels, the torch path
+    and HF) is what a machine of that kind runs; returns torch's CPU capability. Each
+    library reads its variable when first used, which is after this is set."""
+    from metronome_engine.kernels import HELD_CAPABILITY, ISA_ENV, cannot_run, held_env
 
-
-def _select_isa(isa: str) -> str:
-    """Point this process at the kernels' build ``isa``; returns torch's CPU capability."""
-    from metronome_engine.kernels import ISA_ENV, cannot_run
-
-    why = cannot_run(isa)  # type: ignore[arg-type]  # argparse's choices are the builds
+    why = cannot_run(isa)
     if why is not None:  # said here, not as a compiler's failure or a quiet fall back to torch
         raise ValueError(f"--isa {isa}: {why}")
     os.environ[ISA_ENV] = isa
-    if isa == "x86-64-v3":
-        os.environ.update(_AVX2_ENV)
+    held = held_env(isa)
+    os.environ.update(held)
     capability = str(torch.backends.cpu.get_cpu_capability())
-    if isa == "x86-64-v3" and capability not in ("AVX2", "DEFAULT"):
+    if isa in HELD_CAPABILITY and capability not in (HELD_CAPABILITY[isa], "DEFAULT"):
         raise RuntimeError(
             f"torch already chose its {capability} kernels in this process; run with "
-            + " ".join(f"{k}={v}" for k, v in _AVX2_ENV.items())
+            + " ".join(f"{k}={v}" for k, v in held.items())
         )
     return capability
 
@@ -90,11 +90,12 @@ def _add(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--isa",
-        choices=["native", "x86-64-v3", "generic"],
+        choices=ISAS,
         default=os.environ.get("METRONOME_KERNELS_ISA") or "native",
-        help="the fused kernels' build: this CPU's own vector unit (default), x86-64-v3 (AVX2+FMA, with "
-        "torch, MKL and oneDNN held to AVX2 too): an AVX2 machine's figures on any x86-64 one, or generic "
-        "(no intrinsics: the paths an aarch64 build runs)",
+        help="the fused kernels' build: this CPU's own vector unit (default); x86-64-v4 (AVX-512 without "
+        "AMX tiles) or x86-64-v3 (AVX2+FMA), each with torch, MKL and oneDNN held to the same vector unit: "
+        "such a machine's figures on any x86-64 one that can run them; or generic (no intrinsics: the "
+        "paths an aarch64 build runs)",
     )
     p.add_argument("--no-torch", action="store_true", help="skip timing the engine's torch path beside the fused one")
     p.add_argument(
@@ -144,7 +145,7 @@ def _run(args: argparse.Namespace) -> int:
     choice = None
     if args.kernels == "auto":
         say("kernels=auto: the measured choice (timed once per machine, then cached)")
-        choice = auto_choice(model=args.model)
+        choice = auto_choice(model=args.model, quantize=args.quantize)
         say(f"kernels=auto chose {choice.name}: {choice.times_ms}")
     anchors = make_anchors(
         args.model,
@@ -192,12 +193,7 @@ def _run(args: argparse.Namespace) -> int:
         "gemm_gflops": roof.gemm_gflops,
         "copy_gbs": roof.copy_gbs,
         "anchors": run.anchors,
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "torch_cpu_capability": capability,
-        },
+        "machine": {**machine(), "build": args.isa, "torch_cpu_capability": capability},
     }
     if args.json:
         emit_json(report)
