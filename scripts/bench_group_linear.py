@@ -1,8 +1,8 @@
 """Micro-benchmark: the dense layers read from 4-/8-bit blocks (kernels/groups.cpp) against
 torch's float32 ``mm`` on the de-quantized weights, at SmolLM2-135M's shapes, in one run.
 
-    python scripts/bench_group_linear.py [--isa x86-64-v3|native] [--threads 1,2] [--rows 1,2,4,8,32] [--clock cpu]
-        [--variant NAME=DIR ...]
+    python scripts/bench_group_linear.py [--isa x86-64-v3|x86-64-v4|native] [--threads 1,2]
+        [--rows 1,2,4,8,32] [--clock cpu] [--variant NAME=DIR ...]
 
 With ``--isa x86-64-v3`` torch, MKL and oneDNN are held to AVX2 as ``bench step`` holds
 them, so both sides are what an AVX2 machine runs. Prints median microseconds per call
@@ -27,8 +27,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-_AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-
 # (name, N, K, kind) of one layer, and the head
 SHAPES = [
     ("qkv", 960, 576, "q4_1"),
@@ -41,7 +39,7 @@ SHAPES = [
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--isa", default="x86-64-v3", choices=["x86-64-v3", "native"])
+    parser.add_argument("--isa", default="x86-64-v3", choices=["x86-64-v3", "x86-64-v4", "native"])
     parser.add_argument("--threads", default="2,1")
     parser.add_argument("--rows", default="1,2,4,8,16,32")
     parser.add_argument("--reps", type=int, default=10)
@@ -49,8 +47,9 @@ def main() -> None:
     parser.add_argument("--variant", action="append", default=[], help="NAME=DIR of kernel sources")
     args = parser.parse_args()
     clock = time.thread_time if args.clock == "cpu" else time.perf_counter
-    if args.isa == "x86-64-v3":
-        os.environ.update(_AVX2_ENV)
+    from metronome_engine.kernels import held_env  # torch reads its variable at the first op, not on import
+
+    os.environ.update(held_env(args.isa))  # torch, MKL and oneDNN held to the build's vector unit
     import torch
 
     from metronome_engine.kernels import get_build

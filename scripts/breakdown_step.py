@@ -2,7 +2,7 @@
 fused kernels with the dense layers on column groups) split into its parts, per thread count,
 for one or more builds of the kernels' sources timed in turn (A/B).
 
-    python scripts/breakdown_step.py [--isa x86-64-v3|native] [--batch 32] [--threads 1,2]
+    python scripts/breakdown_step.py [--isa x86-64-v3|x86-64-v4|native] [--batch 32] [--threads 1,2]
         [--variant NAME=DIR ...] [--steps 10] [--clock wall|cpu]
 
 Each variant is the kernels' sources in DIR (ops.cpp, groups.cpp, tiles.cpp and headers),
@@ -35,7 +35,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-_AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 _clock = time.perf_counter
 
 
@@ -123,7 +122,7 @@ def _linear_label(x: Any, n: int) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--isa", default="x86-64-v3", choices=["x86-64-v3", "native"])
+    parser.add_argument("--isa", default="x86-64-v3", choices=["x86-64-v3", "x86-64-v4", "native"])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--threads", default="1,2")
     parser.add_argument("--steps", type=int, default=10)
@@ -134,8 +133,9 @@ def main() -> None:
     args = parser.parse_args()
     global _clock
     _clock = time.thread_time if args.clock == "cpu" else time.perf_counter
-    if args.isa == "x86-64-v3":
-        os.environ.update(_AVX2_ENV)
+    from metronome_engine.kernels import held_env  # torch reads its variable at the first op, not on import
+
+    os.environ.update(held_env(args.isa))  # torch, MKL and oneDNN held to the build's vector unit
     os.environ["METRONOME_KERNELS_ISA"] = args.isa
     import torch
 

@@ -57,12 +57,15 @@ def resolve_kernels(
     config: ModelConfig | None = None,
     *,
     model: str | os.PathLike[str] | None = None,
+    blocks: bool | None = None,
+    isa: Isa | None = None,
 ) -> Literal["fused", "torch"]:
     """The path an engine with this choice runs on ``device``: ``"auto"`` resolves to the
     path measured fastest here for a model of ``config``'s shapes (or ``model``'s, read
-    from its folder; SmolLM2's when neither is given), timed once and cached
-    (``kernels/choice.py``). ``"fused"`` raises ``KernelBuildError`` where the kernels do
-    not build."""
+    from its folder; SmolLM2's when neither is given), with or without ``blocks`` that are
+    its weights (default: what ``model`` loads as, else with), timed once and cached
+    (``kernels/choice.py``). ``"fused"`` raises ``KernelBuildError`` where the kernels of
+    the build ``isa`` (default ``METRONOME_KERNELS_ISA`` or native) do not build."""
     from . import kernels as fused_kernels
 
     if kernels not in ("auto", "fused", "torch"):
@@ -73,26 +76,38 @@ def resolve_kernels(
         if kernels == "fused":
             raise ValueError(f"kernels='fused' runs on the CPU only, the model is on {device}; use kernels='auto'")
         return "torch"
+    build = fused_kernels.get_build(isa)
     if kernels == "fused":
-        fused_kernels.load()
+        build.load()
         return "fused"
-    if not fused_kernels.available():
+    if not build.available():
         return "torch"
-    choice = auto_choice(config, model=model)
+    choice = auto_choice(config, model=model, blocks=blocks, isa=build.isa)
     log.info("kernels.auto chose %s from %s", choice.name, json.dumps(choice.times_ms))
     return choice.path
 
 
-def auto_choice(config: ModelConfig | None = None, *, model: str | os.PathLike[str] | None = None) -> KernelChoice:
-    """``kernels="auto"``'s measured choice for a model of these shapes (see ``resolve_kernels``)."""
+def auto_choice(
+    config: ModelConfig | None = None,
+    *,
+    model: str | os.PathLike[str] | None = None,
+    blocks: bool | None = None,
+    isa: Isa | None = None,
+    quantize: Quantize | None = None,
+) -> KernelChoice:
+    """``kernels="auto"``'s measured choice for a model of these shapes (see ``resolve_kernels``);
+    ``quantize``: the model named is quantized on load (it then has blocks)."""
     from .config import ModelConfig
     from .kernels.choice import choose_kernels
+    from .weights import DEFAULT_MODEL, has_blocks
 
+    if blocks is None:
+        blocks = has_blocks(model or DEFAULT_MODEL, quantize) if config is None or model is not None else True
     if config is None:
-        from .weights import DEFAULT_MODEL, read_config, resolve_model_dir
+        from .weights import read_config, resolve_model_dir
 
         config = ModelConfig.from_hf(read_config(resolve_model_dir(model or DEFAULT_MODEL)))
-    return choose_kernels(config)
+    return choose_kernels(config, isa, blocks=blocks)
 
 
 @dataclass(slots=True)
@@ -149,7 +164,7 @@ class EngineCore:
         self.bytes_per_block = bytes_per_block
         self.cache = KVCache(self.config, self.pool.num_blocks, block_size, device=self.device)
         self.view = BatchView()
-        self.fused = resolve_kernels(kernels, self.device, model.config) == "fused"
+        self.fused = resolve_kernels(kernels, self.device, model.config, blocks=model.has_blocks, isa=isa) == "fused"
         self.ops: Any = None  # the fused kernels' build's torch.ops namespace
         # regime -> the path its steps run on, where "auto" measured different winners
         # (or the column groups) and every path can read the model (no tiles): see _step_path
@@ -181,10 +196,10 @@ class EngineCore:
         from .kernels.choice import regime_paths
 
         build = fused_kernels.get_build(isa)
-        if not build.available() or (build.tiles_available() and model.block_source is not None):
+        if not build.available() or (build.tiles_available() and model.has_blocks):
             return  # no fused path here, or one that packs the weights in place
-        choice = auto_choice(model.config)
-        paths = regime_paths(choice, groups=model.block_source is not None)
+        choice = auto_choice(model.config, blocks=model.has_blocks, isa=build.isa)
+        paths = regime_paths(choice, groups=model.has_blocks)
         if "groups" in paths.values() and not model.pack_groups():  # blocks that are not the weights
             paths = regime_paths(choice, groups=False)
         if len(set(paths.values())) > 1 or "groups" in paths.values():

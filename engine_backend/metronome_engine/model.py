@@ -179,6 +179,12 @@ class LlamaModel(nn.Module):
         self._fused_weights = []
         return True
 
+    @property
+    def has_blocks(self) -> bool:
+        """Whether the weights came with their blocks (a GGUF file, or quantized on load):
+        what the tiles and the column groups read."""
+        return self.block_source is not None
+
     def pack_groups(self) -> bool:
         """Where the model came from a GGUF file or was quantized on load (its blocks
         reproduce its float32 weights exactly), keep each dense weight and the output head

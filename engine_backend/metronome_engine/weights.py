@@ -70,6 +70,12 @@ def gguf_source(model: str | os.PathLike[str]) -> Path | None:
     return path if path.suffix == ".gguf" and path.is_file() else None
 
 
+def has_blocks(model: str | os.PathLike[str], quantize: Quantize | None = None) -> bool:
+    """Whether ``load_model(model, quantize=quantize)`` gives a model with blocks that are its
+    weights (a GGUF file's own, or quantized on load), without loading it."""
+    return quantize is not None or gguf_source(model) is not None
+
+
 def resolve_model_dir(model: str | os.PathLike[str]) -> Path:
     """A folder with ``config.json``, safetensors and tokenizer files for ``model``."""
     if str(model) in KNOWN_MODELS:

@@ -37,8 +37,10 @@ def load_core(cfg: EngineConfig) -> EngineCore:
     import torch
 
     from metronome_engine.engine import resolve_kernels
+    from metronome_engine.weights import has_blocks
 
-    path = resolve_kernels(cfg.kernels, torch.device(cfg.device), model=cfg.model)
+    blocks = has_blocks(cfg.model, cfg.quantize)
+    path = resolve_kernels(cfg.kernels, torch.device(cfg.device), model=cfg.model, blocks=blocks)
     model = _shared_model(cfg.model, cfg.device, path, cfg.quantize)
     pool = cfg.pool_size()
     return EngineCore(

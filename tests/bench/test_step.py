@@ -93,16 +93,23 @@ def test_bench_step_json_beside_hf_and_the_floor() -> None:
 
 @pytest.mark.real_model
 @pytest.mark.timeout(600)
-def test_bench_step_on_the_x86_64_v3_build_holds_every_library_to_avx2() -> None:
-    if platform.machine() not in ("x86_64", "AMD64"):
-        pytest.skip("the x86-64-v3 build is for x86-64 CPUs")
+@pytest.mark.parametrize(("isa", "capability"), [("x86-64-v3", "AVX2"), ("x86-64-v4", "AVX512")])
+def test_bench_step_on_an_x86_64_level_holds_every_library_to_it(isa: str, capability: str) -> None:
+    from metronome_engine import cpu, kernels
+
+    why = kernels.cannot_run(isa)  # type: ignore[arg-type]
+    if why is not None:
+        pytest.skip(why)
     cmd = [sys.executable, "-m", "metronome_sdk.cli", "bench", "step", "--batch", "2", "--steps", "1", "--no-hf"]
-    cmd += ["--isa", "x86-64-v3", "--kernels", "fused", "--prefill", "", "--json"]
+    cmd += ["--isa", isa, "--kernels", "fused", "--prefill", "", "--json"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=580, check=False)
     assert done.returncode == 0, done.stderr[-2000:]
     report = json.loads(done.stdout)
-    assert report["isa"] == "x86-64-v3" and report["machine"]["torch_cpu_capability"] == "AVX2"
-    assert report["kernels"] == "fused" and report["weights"] == "float32"  # no tiles in an AVX2 build
+    assert report["isa"] == isa and report["machine"]["torch_cpu_capability"] == capability
+    # the figure names its CPU and its build
+    assert report["machine"]["cpu"] == cpu.model_name() and report["machine"]["build"] == isa
+    assert report["machine"]["vector_flags"] == cpu.vector_flags()
+    assert report["kernels"] == "fused" and report["weights"] == "float32"  # no tiles in these builds
     assert report["batches"][0]["engine_ms"] > 0 and report["batches"][0]["torch_ms"] > 0
 
 

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -7,6 +8,10 @@ import pytest
 
 from metronome_engine import kernels as fused_kernels
 from metronome_engine import weights
+
+# the builds whose ops the op-by-op tests run: every build this machine runs, or, in a run held
+# to one build (tests/run_each_build.py sets METRONOME_KERNELS_ISA), that build alone
+BUILDS = (fused_kernels.default_isa(),) if os.environ.get(fused_kernels.ISA_ENV) else fused_kernels.runnable_isas()
 
 
 @pytest.fixture

@@ -6,7 +6,8 @@ torch reference on shapes the model tests do not reach: head sizes with and with
 a vector path, row counts that leave remainder tiles, block tables in any pool order.
 Every test here runs on each vector-unit build that this machine can run (the native
 one, the generic one that stands for aarch64's plain paths, and on x86-64 the x86-64-v3
-one that stands for AVX2 machines).
+one that stands for AVX2 machines and, where the CPU has AVX-512, the x86-64-v4 one that
+stands for AVX-512 machines without tiles), or on the one build a run is held to.
 """
 
 from __future__ import annotations
@@ -22,17 +23,16 @@ import torch.nn.functional as F
 
 from metronome_engine import EngineCore, KVPolicy, ModelConfig, StepRequest, kernels
 from metronome_engine.engine import auto_choice, resolve_kernels
-from metronome_engine.kernels import ISAS, KernelBuild, get_build, runnable_isas
+from metronome_engine.kernels import ISAS, KernelBuild, get_build
 from metronome_engine.model import LlamaModel, apply_rope, rope_cos_sin
 
+from .conftest import BUILDS
 from .tiny import VOCAB, scripted_logits, tiny_engine
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
-_BUILDS = runnable_isas()
 
-
-@pytest.fixture(scope="module", params=_BUILDS)
+@pytest.fixture(scope="module", params=BUILDS)
 def build(request: pytest.FixtureRequest) -> KernelBuild:
     # they must build on this machine kind: a failure here is a failure, not a skip
     b = get_build(request.param)
@@ -386,7 +386,7 @@ def test_the_isa_variable_picks_the_default_build(monkeypatch: pytest.MonkeyPatc
     monkeypatch.setenv(kernels.ISA_ENV, "x86-64-v3")
     assert kernels.default_isa() == "x86-64-v3" and get_build().isa == "x86-64-v3"
     monkeypatch.setenv(kernels.ISA_ENV, "avx9")
-    with pytest.raises(ValueError, match="METRONOME_KERNELS_ISA must be one of native, x86-64-v3, generic"):
+    with pytest.raises(ValueError, match="METRONOME_KERNELS_ISA must be one of native, x86-64-v4, x86-64-v3, generic"):
         get_build()
 
 

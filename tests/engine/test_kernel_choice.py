@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from metronome_engine import KVPolicy, ModelConfig
+from metronome_engine import KVPolicy, ModelConfig, kernels
 from metronome_engine import engine as engine_module
 from metronome_engine.kernels import choice
 from metronome_engine.kernels.choice import REGIMES, KernelChoice, choose_kernels, nearest_regime, pick, regime_paths
@@ -32,20 +32,60 @@ def test_pick_takes_the_candidate_nearest_each_regimes_best() -> None:
     assert pick(times)[0] == "torch"
 
 
+# shapes whose every dense weight has blocks of 32 (a GGUF-like model can have blocks)
+_BLOCKY = ModelConfig(
+    vocab_size=64, hidden_size=64, intermediate_size=128, num_layers=2, num_heads=2, num_kv_heads=1, head_dim=32
+)
+
+
+def _candidates(blocks: bool) -> set[str]:
+    """The candidates ``auto`` must time for a model with or without blocks, on this machine's
+    default build, whichever kind of CPU it is: the column groups only with blocks and no tiles."""
+    build = kernels.get_build()
+    fused = f"fused-{build.isa}"
+    return {"torch", fused} | ({fused + "-groups"} if blocks and not build.tiles_available() else set())
+
+
 def test_the_choice_is_timed_once_then_read_from_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(choice, "_choice_dir", lambda build: tmp_path)
-    first = choose_kernels(_TINY)
-    assert set(first.times_ms) == {"torch", first.name} | ({"torch"} if first.path == "torch" else set())
+    first = choose_kernels(_BLOCKY)
+    assert set(first.times_ms) == _candidates(blocks=True) and first.dropped == {}
+    assert first.name in first.times_ms and first.blocks
     assert all(set(t) == set(REGIMES) for t in first.times_ms.values())
-    assert first.times_ms[first.name] and first.fastest.keys() == REGIMES.keys()
+    assert first.fastest.keys() == REGIMES.keys()
 
     def no_timing(*args: object, **kwargs: object) -> None:
         raise AssertionError("timed again")
 
     monkeypatch.setattr(choice, "_measure", no_timing)
-    again = choose_kernels(_TINY)
+    again = choose_kernels(_BLOCKY)
     assert again == first
     assert len(list(tmp_path.glob("choice-*.json"))) == 1
+
+
+def test_a_model_without_blocks_is_timed_without_the_paths_that_read_them(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setattr(choice, "_choice_dir", lambda build: tmp_path)
+    made = choose_kernels(_BLOCKY, blocks=False)
+    assert set(made.times_ms) == _candidates(blocks=False) and not made.blocks and made.dropped == {}
+    assert not made.groups and made.name in made.times_ms
+    assert len(list(tmp_path.glob("choice-*.json"))) == 1  # its own entry: the key knows the blocks
+    assert choose_kernels(_BLOCKY, blocks=False) == made
+
+
+def test_a_candidate_that_cannot_run_the_model_is_left_out_not_chosen(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # _TINY's down projection (K = 48) has no blocks of 32: the column groups cannot hold it
+    monkeypatch.setattr(choice, "_choice_dir", lambda build: tmp_path)
+    made = choose_kernels(_TINY)
+    assert set(made.times_ms) == _candidates(blocks=False)
+    groups = _candidates(blocks=True) - _candidates(blocks=False)
+    assert set(made.dropped) == groups and not made.groups
+    for reason in made.dropped.values():
+        assert "no blocks that are its weights" in reason
+    assert all(not name.endswith("-groups") for name in made.fastest.values())
 
 
 @pytest.mark.parametrize("prefill_on", ["torch", "fused-native"])
@@ -62,8 +102,8 @@ def test_an_auto_engine_that_switches_path_per_regime_keeps_exact_logits(
         {"decode_1": decode_on, "decode_8": decode_on, "decode_32": decode_on, "prefill_64": prefill_on},
         1,
     )
-    monkeypatch.setattr(engine_module, "auto_choice", lambda config=None, model=None: measured)
-    monkeypatch.setattr(engine_module, "resolve_kernels", lambda kernels, device, config=None, model=None: "fused")
+    monkeypatch.setattr(engine_module, "auto_choice", lambda *args, **kwargs: measured)
+    monkeypatch.setattr(engine_module, "resolve_kernels", lambda *args, **kwargs: "fused")
     switching = tiny_engine(KVPolicy.windowed(12, sinks=4), kernels="auto")
     to_path = {"torch": "torch", "fused-native": "fused"}
     assert switching.regimes == {
@@ -115,8 +155,8 @@ def test_an_auto_engine_on_a_gguf_like_model_reads_the_groups_where_they_won(mon
         1,
         True,
     )
-    monkeypatch.setattr(engine_module, "auto_choice", lambda config=None, model=None: measured)
-    monkeypatch.setattr(engine_module, "resolve_kernels", lambda kernels, device, config=None, model=None: "fused")
+    monkeypatch.setattr(engine_module, "auto_choice", lambda *args, **kwargs: measured)
+    monkeypatch.setattr(engine_module, "resolve_kernels", lambda *args, **kwargs: "fused")
     model, _ = _block_model()
     policy = KVPolicy.windowed(12, sinks=4)
     switching = engine_module.EngineCore(model, policy=policy, num_blocks=96, block_size=4, isa="x86-64-v3")

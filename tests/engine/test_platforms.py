@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch.utils.cpp_extension
 
-from metronome_engine import KVPolicy, StepRequest, kernels, weights
+from metronome_engine import KVPolicy, StepRequest, cpu, kernels, weights
 from metronome_engine.kernels import KernelBuild, KernelBuildError
 from metronome_engine.vllm_backend import native
 
@@ -40,6 +40,11 @@ CPU part\t: 0xd0c
 CPU revision\t: 1
 """
 _V1 = _N1.replace("ssbs", "ssbs sve svebf16 i8mm bf16").replace("0xd0c", "0xd40").replace("0x3", "0x1")
+# three x86-64 CPUs' flags (the parts that matter): AVX2 only (Zen 2/3), AVX-512 without
+# tiles (Zen 4, Ice Lake), AVX-512 with AMX tiles (Sapphire Rapids)
+_AVX2 = "flags\t\t: fpu sse sse2 ssse3 sse4_1 sse4_2 popcnt avx f16c fma bmi1 bmi2 movbe avx2\n"
+_AVX512 = _AVX2.replace("avx2", "avx2 avx512f avx512dq avx512cd avx512bw avx512vl avx512_vnni avx512_bf16")
+_AMX = _AVX512.replace("avx512_bf16", "avx512_bf16 amx_bf16 amx_tile amx_int8")
 _ROOT = Path(__file__).parents[2]
 _SCRIPT = _ROOT / "scripts" / "check_aarch64_build.py"
 
@@ -56,18 +61,29 @@ class _Compiler:
 
 
 @pytest.fixture
-def aarch64(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str], None]:
-    """This process as an aarch64 machine whose /proc/cpuinfo the test gives; the kernel
-    builds are fresh objects whose folders go under tmp_path."""
+def fake_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str, str], None]:
+    """This process as a machine of the architecture and /proc/cpuinfo the test gives; the
+    kernel builds are fresh objects whose folders go under tmp_path."""
     cpuinfo = tmp_path / "cpuinfo"
-    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     monkeypatch.setattr(kernels, "_CPUINFO", cpuinfo)
+    monkeypatch.setattr(cpu, "_CPUINFO", cpuinfo)
     monkeypatch.setattr(weights, "cache_dir", lambda: tmp_path / "cache")
     for isa in kernels.ISAS:
         monkeypatch.setitem(kernels._builds, isa, KernelBuild(isa))
     monkeypatch.delenv(kernels.ISA_ENV, raising=False)
-    cpuinfo.write_text(_N1)
-    return cpuinfo.write_text  # type: ignore[return-value]
+
+    def become(machine: str, text: str) -> None:
+        monkeypatch.setattr(platform, "machine", lambda: machine)
+        cpuinfo.write_text(text)
+
+    return become
+
+
+@pytest.fixture
+def aarch64(fake_cpu: Callable[[str, str], None]) -> Callable[[str], None]:
+    """This process as an aarch64 machine (a Neoverse-N1 unless the test writes another cpuinfo)."""
+    fake_cpu("aarch64", _N1)
+    return lambda text: fake_cpu("aarch64", text)
 
 
 @pytest.fixture
@@ -98,17 +114,66 @@ def test_vllms_kernel_takes_the_flags_of_the_build_engines_use(monkeypatch: pyte
     assert len(keys) == len(kernels.runnable_isas())
 
 
-def test_x86_64_v3_on_aarch64_is_refused_before_any_compiler(
-    aarch64: Callable[[str], None], compiler: _Compiler, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize(
+    ("machine", "text", "isa", "said"),
+    [
+        ("aarch64", _N1, "x86-64-v3", "the x86-64-v3 build needs an x86-64 CPU, this one is aarch64"),
+        (
+            "x86_64",
+            _AVX2,
+            "x86-64-v4",
+            "this CPU lacks avx512bw, avx512cd, avx512dq, avx512f, avx512vl: it cannot run the x86-64-v4 build",
+        ),
+    ],
+    ids=["x86-64-v3-on-aarch64", "x86-64-v4-on-avx2"],
+)
+def test_a_build_the_cpu_cannot_run_is_refused_before_any_compiler(
+    fake_cpu: Callable[[str, str], None],
+    compiler: _Compiler,
+    monkeypatch: pytest.MonkeyPatch,
+    machine: str,
+    text: str,
+    isa: kernels.Isa,
+    said: str,
 ) -> None:
-    said = "the x86-64-v3 build needs an x86-64 CPU, this one is aarch64"
-    assert kernels.cannot_run("x86-64-v3") == said
+    fake_cpu(machine, text)
+    assert kernels.cannot_run(isa) == said
     with pytest.raises(KernelBuildError, match=said):
-        kernels.get_build("x86-64-v3").load()
-    monkeypatch.setenv(kernels.ISA_ENV, "x86-64-v3")
-    with pytest.raises(ValueError, match=f"METRONOME_KERNELS_ISA=x86-64-v3: {said}; unset it or use native"):
+        kernels.get_build(isa).load()
+    monkeypatch.setenv(kernels.ISA_ENV, isa)
+    with pytest.raises(ValueError, match=f"METRONOME_KERNELS_ISA={isa}: {said}; unset it or use native"):
         kernels.default_isa()
     assert compiler.calls == []
+
+
+@pytest.mark.parametrize(
+    ("flags", "builds", "vector"),
+    [
+        (_AVX2, ("native", "x86-64-v3", "generic"), {"avx2"}),
+        (_AVX512, ("native", "x86-64-v4", "x86-64-v3", "generic"), {"avx2", "avx512f"}),
+        (_AMX, ("native", "x86-64-v4", "x86-64-v3", "generic"), {"avx2", "avx512f", "amx_tile"}),
+    ],
+    ids=["avx2", "avx512", "avx512+amx"],
+)
+def test_each_x86_cpu_offers_the_builds_it_can_run(
+    fake_cpu: Callable[[str, str], None], flags: str, builds: tuple[str, ...], vector: set[str]
+) -> None:
+    fake_cpu("x86_64", flags)
+    assert kernels.runnable_isas() == builds
+    assert {name for name, has in cpu.vector_flags().items() if has} == vector
+
+
+def test_x86_64_v4_is_avx512_without_tiles_with_its_libraries_held_to_it() -> None:
+    flags = KernelBuild("x86-64-v4").cflags()
+    assert "-march=x86-64-v4" in flags and "-mprefer-vector-width=512" in flags
+    assert not [f for f in flags if "amx" in f or f == "-march=native"], flags
+    # torch, MKL and oneDNN held to AVX-512 without VNNI, BF16 or AMX; native holds nothing
+    assert kernels.held_env("x86-64-v4") == {
+        "ATEN_CPU_CAPABILITY": "avx512",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+    }
+    assert kernels.held_env("x86-64-v3")["ONEDNN_MAX_CPU_ISA"] == "AVX2" and kernels.held_env("native") == {}
 
 
 def test_an_unknown_architecture_is_refused_by_name(

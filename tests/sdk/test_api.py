@@ -149,11 +149,19 @@ async def test_a_chunk_that_widens_the_bound_past_the_pool_fails_at_start() -> N
 
 @pytest.mark.real_model
 def test_auto_and_fused_engines_share_one_copy_of_the_weights() -> None:
-    # "auto" resolves before the shared-model cache: where the kernels build it is "fused",
-    # and a second packed copy of the weights would double the process's memory
+    # "auto" resolves before the shared-model cache: an engine it resolves to "fused" shares
+    # the fused engine's copy (on AMX tiles, a second packed copy would double the process's
+    # memory), one it resolves to "torch" the torch engine's; on every CPU
+    import torch
+
+    from metronome_engine import kernels
+    from metronome_engine.engine import resolve_kernels
+
     engines = [metronome.Engine(metronome.EngineConfig(kernels=k, num_blocks=64)) for k in ("auto", "fused", "torch")]
     for engine in engines:
         engine._load()
     auto, fused, plain = (engine._require_core().model for engine in engines)  # type: ignore[attr-defined]
-    assert auto is fused and fused.packed
+    resolved = resolve_kernels("auto", torch.device("cpu"), model="smollm2-135m-instruct")
+    assert auto is (fused if resolved == "fused" else plain)
+    assert fused.packed == kernels.get_build().tiles_available()  # the tiles pack the weights; else float32
     assert plain is not fused and not plain.packed

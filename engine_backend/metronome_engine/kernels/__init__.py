@@ -5,6 +5,10 @@ built once per *vector-unit build* (``Isa``):
 
 - ``"native"``: ``-march=native``, the machine's own vector unit (AVX-512 and AMX tiles
   where it has them); ops under ``torch.ops.metronome``;
+- ``"x86-64-v4"``: AVX-512 (F, BW, DQ, VL) and no AMX tiles, what AMD's Zen 4 and Zen 5 and
+  Intel's Ice Lake and Cascade Lake servers run; built on any AVX-512 machine (those with
+  tiles too) so that an AVX-512 machine without tiles can be reproduced on one with them;
+  ops under ``torch.ops.metronome_x86_64_v4``;
 - ``"x86-64-v3"``: AVX2 + FMA only, what every x86-64 machine of the last decade runs;
   built on any such machine (AVX-512 ones too) so that its figures and its tests can be
   had anywhere; ops under ``torch.ops.metronome_x86_64_v3``;
@@ -19,8 +23,10 @@ source with its flags (see docs/engine.md, "Platforms").
 
 Each build lives in ``$METRONOME_CACHE/kernels/<key>/``, where the key covers the sources,
 the flags, the torch build and the CPU, so a later start loads it in well under a second.
-The two builds register different op namespaces, so one process can load both (the tests
-do). ``METRONOME_KERNELS_ISA`` picks the build an engine uses (default ``native``).
+The builds register different op namespaces, so one process can load them all (the tests
+do). ``METRONOME_KERNELS_ISA`` picks the build an engine uses (default ``native``);
+``held_env`` gives the variables that hold torch, MKL and oneDNN to a build's vector unit
+too, so that a whole process runs what a machine of that kind runs.
 ``python -m metronome_engine.kernels [ISA ...]`` builds them ahead of time.
 """
 
@@ -47,6 +53,7 @@ __all__ = [
     "cannot_run",
     "default_isa",
     "get_build",
+    "held_env",
     "load",
     "runnable_isas",
     "tiles_available",
@@ -54,7 +61,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-Isa = Literal["native", "x86-64-v3", "generic"]
+Isa = Literal["native", "x86-64-v4", "x86-64-v3", "generic"]
 ISAS: tuple[Isa, ...] = get_args(Isa)
 ISA_ENV = "METRONOME_KERNELS_ISA"
 
@@ -80,7 +87,8 @@ class KernelBuildError(RuntimeError):
 
 def default_isa() -> Isa:
     """The build engines use: ``$METRONOME_KERNELS_ISA`` or ``"native"``; ``ValueError``
-    for a name that is no build, or a build this CPU cannot run (x86-64-v3 on aarch64)."""
+    for a name that is no build, or a build this CPU cannot run (x86-64-v3 on aarch64,
+    x86-64-v4 without AVX-512)."""
     isa = os.environ.get(ISA_ENV) or "native"
     if isa not in ISAS:
         raise ValueError(f"{ISA_ENV} must be one of {', '.join(ISAS)}, got {isa!r}")
@@ -96,12 +104,42 @@ def cannot_run(isa: Isa) -> str | None:
     machine = platform.machine()
     if machine not in (*_X86, *_ARM):
         return f"the kernels are built for x86-64 and aarch64 only, this CPU is {machine}"
-    if isa == "x86-64-v3":
+    if isa in _NEEDS:
         if machine not in _X86:
-            return f"the x86-64-v3 build needs an x86-64 CPU, this one is {machine}"
-        if not {"avx2", "fma", "f16c", "bmi2"} <= set(_cpu_flags().split()):
-            return "this CPU lacks AVX2/FMA: it cannot run the x86-64-v3 build"
+            return f"the {isa} build needs an x86-64 CPU, this one is {machine}"
+        lacks = sorted(_NEEDS[isa] - set(_cpu_flags().split()))
+        if lacks:
+            return f"this CPU lacks {', '.join(lacks)}: it cannot run the {isa} build"
     return None
+
+
+# the CPU flags each x86-64 level's build compiles for (GCC's -march=x86-64-v3 / -v4)
+_V3 = frozenset({"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"})
+_NEEDS: dict[str, frozenset[str]] = {
+    "x86-64-v3": _V3,
+    "x86-64-v4": _V3 | {"avx512f", "avx512bw", "avx512dq", "avx512vl", "avx512cd"},
+}
+
+# what holds torch's own kernels, MKL and oneDNN to a build's vector unit: each library reads
+# its variable when first used, so a process sets them before it computes (or inherits them)
+_HELD_ENV: dict[str, dict[str, str]] = {
+    "x86-64-v3": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    # AVX512_CORE: F/BW/DQ/VL, none of VNNI, BF16 or AMX, which machines of this kind lack
+    "x86-64-v4": {
+        "ATEN_CPU_CAPABILITY": "avx512",
+        "MKL_ENABLE_INSTRUCTIONS": "AVX512",
+        "ONEDNN_MAX_CPU_ISA": "AVX512_CORE",
+    },
+}
+# torch.backends.cpu.get_cpu_capability() of a process held to each build
+HELD_CAPABILITY: dict[str, str] = {"x86-64-v3": "AVX2", "x86-64-v4": "AVX512"}
+
+
+def held_env(isa: Isa) -> dict[str, str]:
+    """The environment that holds torch, MKL and oneDNN to ``isa``'s vector unit (empty for
+    native, whose libraries pick the machine's own, and for generic, which has no level of
+    theirs): with it and ``METRONOME_KERNELS_ISA``, a process runs what such a machine runs."""
+    return dict(_HELD_ENV.get(isa, {}))
 
 
 def runnable_isas() -> tuple[Isa, ...]:
@@ -154,6 +192,8 @@ class KernelBuild:
         flags.append(f"-DMETRONOME_OPS={self.namespace}")
         if self.isa == "x86-64-v3":
             flags.append("-march=x86-64-v3")
+        elif self.isa == "x86-64-v4":
+            flags += ["-march=x86-64-v4", "-mprefer-vector-width=512"]
         elif self.isa == "generic" and platform.machine() in _X86:
             # the baseline x86-64 (no AVX: none of the intrinsics' paths) with aarch64's unsigned char
             flags += ["-march=x86-64", "-mtune=generic", "-funsigned-char"]

@@ -1,14 +1,19 @@
 """``kernels="auto"``: the engine's path chosen by timing the candidates on this machine.
 
-The candidates are the plain torch path and the fused kernels of the engine's build
-(``METRONOME_KERNELS_ISA``, default native; the x86-64-v3 build is what an AVX2 machine's
-native one is); where that build has no AMX tiles, the fused kernels twice: on the float32
-weights (the BLAS), and with the dense layers read from column groups of 4-bit blocks
-(``-groups``, kernels/groups.cpp). Each is timed on a model of the engine's shapes with
-random weights (GGUF-like 4-bit blocks, an 8-bit head) in four regimes: a decode step of
-one session, of 8 and of 32 sessions, and a 64-token prefill chunk. The times and the
-choice are cached beside the kernel builds, keyed by the builds, the shapes and the
-thread count, so this runs once per machine, not per start.
+The choice is made for the model that is loaded: whether its weights come as blocks (a GGUF
+file, or quantized on load) decides which candidates can run at all. The candidates are the
+plain torch path and the fused kernels of the engine's build (``METRONOME_KERNELS_ISA``,
+default native; x86-64-v3 is what an AVX2 machine's native build is, x86-64-v4 an AVX-512
+machine's without tiles): on the float32 weights (the BLAS), or on AMX tiles where the build
+has them and the model has blocks; and, for a model with blocks on a build without tiles,
+the fused kernels with the dense layers read from column groups of 4-bit blocks
+(``-groups``, kernels/groups.cpp). Each candidate is made and run once before it is timed;
+one that cannot run the model is left out (``KernelChoice.dropped`` says why), never timed
+or chosen. Each is timed on a model of the engine's shapes with random weights (GGUF-like
+4-bit blocks and an 8-bit head, or float32 for a model without blocks) in four regimes: a
+decode step of one session, of 8 and of 32 sessions, and a 64-token prefill chunk. The
+times and the choice are cached beside the kernel builds, keyed by the builds, the shapes,
+the blocks and the thread count, so this runs once per machine, not per start.
 
 Where the tiles pack the weights in place, the torch path cannot read them and an engine
 runs one path for all its steps: the candidate whose worst regime is closest to that
@@ -25,7 +30,7 @@ import logging
 import math
 import statistics
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal, cast
 
@@ -35,7 +40,7 @@ from . import Isa, KernelBuild, get_build
 
 if TYPE_CHECKING:
     from ..config import ModelConfig
-    from ..engine import StepPath
+    from ..engine import EngineCore, StepPath
     from ..model import LlamaModel
 
 __all__ = ["REGIMES", "KernelChoice", "choose_kernels", "nearest_regime", "pick", "regime_paths"]
@@ -57,7 +62,8 @@ class KernelChoice:
     """What ``kernels="auto"`` runs: ``path`` (``"fused"`` or ``"torch"``) and, for the
     fused path, the build's ``isa`` and whether its dense layers read column groups of
     blocks (``groups``); ``times_ms``: candidate -> regime -> median ms; ``fastest``:
-    regime -> the candidate fastest there."""
+    regime -> the candidate fastest there; ``dropped``: the candidates that could not run
+    a model of this kind (``blocks``), and why."""
 
     path: Literal["fused", "torch"]
     isa: Isa | None
@@ -65,6 +71,8 @@ class KernelChoice:
     fastest: dict[str, str]
     threads: int
     groups: bool = False
+    blocks: bool = True  # whether the model it was made for has blocks that are its weights
+    dropped: dict[str, str] = field(default_factory=dict)  # candidate -> why it could not run
 
     @property
     def name(self) -> str:
@@ -115,27 +123,30 @@ def _choice_dir(build: KernelBuild) -> Path:
     return build.build_dir().parent  # beside the builds
 
 
-def _cache_key(config: ModelConfig, builds: list[KernelBuild]) -> str:
+def _cache_key(config: ModelConfig, builds: list[KernelBuild], blocks: bool) -> str:
     key = hashlib.sha256(json.dumps(asdict(config), sort_keys=True, default=str).encode())
     for b in builds:
         key.update(b.build_dir().name.encode())
-    key.update(f"threads={torch.get_num_threads()} regimes={REGIMES} reps={_REPS}".encode())
+    key.update(f"threads={torch.get_num_threads()} regimes={REGIMES} reps={_REPS} blocks={blocks}".encode())
     return key.hexdigest()[:16]
 
 
-def choose_kernels(config: ModelConfig, isa: Isa | None = None) -> KernelChoice:
-    """The measured choice for a model of ``config``'s shapes (cached on disk)."""
+def choose_kernels(config: ModelConfig, isa: Isa | None = None, *, blocks: bool = True) -> KernelChoice:
+    """The measured choice for a model of ``config``'s shapes, with (``blocks``) or without
+    blocks that are its weights (cached on disk)."""
     builds = _candidate_builds(isa)
     if not builds:
-        return KernelChoice("torch", None, {}, {}, torch.get_num_threads())
-    path = _choice_dir(builds[0]) / f"choice-{_cache_key(config, builds)}.json"
+        return KernelChoice("torch", None, {}, {}, torch.get_num_threads(), blocks=blocks)
+    path = _choice_dir(builds[0]) / f"choice-{_cache_key(config, builds, blocks)}.json"
     if path.exists():
         try:
             d = json.loads(path.read_text())
-            return KernelChoice(d["path"], d["isa"], d["times_ms"], d["fastest"], d["threads"], d.get("groups", False))
+            return KernelChoice(
+                d["path"], d["isa"], d["times_ms"], d["fastest"], d["threads"], d["groups"], d["blocks"], d["dropped"]
+            )
         except (OSError, ValueError, KeyError):
             pass  # a torn or old file: time again
-    choice = _measure(config, builds)
+    choice = _measure(config, builds, blocks)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(choice.as_dict(), indent=1))
@@ -144,18 +155,19 @@ def choose_kernels(config: ModelConfig, isa: Isa | None = None) -> KernelChoice:
     return choice
 
 
-def _measure(config: ModelConfig, builds: list[KernelBuild]) -> KernelChoice:
+def _measure(config: ModelConfig, builds: list[KernelBuild], blocks: bool) -> KernelChoice:
     # (name, path, build) of each candidate
     candidates: list[tuple[str, StepPath, Isa | None]] = [("torch", "torch", None)]
     for b in builds:
         candidates.append((_name("fused", b.isa), "fused", b.isa))
-        if not b.tiles_available():
+        if blocks and not b.tiles_available():
             candidates.append((_name("fused", b.isa, groups=True), "groups", b.isa))
-    times = _time_paths(config, candidates)
+    times, dropped = _time_paths(config, candidates, blocks)
     chosen, fastest = pick(times)
     isa = None if chosen == "torch" else cast(Isa, chosen.removeprefix("fused-").removesuffix("-groups"))
     path: Literal["fused", "torch"] = "torch" if chosen == "torch" else "fused"
-    return KernelChoice(path, isa, times, fastest, torch.get_num_threads(), _step_path(chosen) == "groups")
+    groups = _step_path(chosen) == "groups"
+    return KernelChoice(path, isa, times, fastest, torch.get_num_threads(), groups, blocks, dropped)
 
 
 def pick(times: dict[str, dict[str, float]]) -> tuple[str, dict[str, str]]:
@@ -168,29 +180,45 @@ def pick(times: dict[str, dict[str, float]]) -> tuple[str, dict[str, str]]:
     return chosen, fastest
 
 
-def _time_paths(config: ModelConfig, candidates: list[tuple[str, StepPath, Isa | None]]) -> dict[str, dict[str, float]]:
-    """Candidate -> regime -> median ms. The candidates' steps are timed in turn, one of
-    each per round, so that a load that comes and goes on a shared machine meets them all
-    alike (timed one after the other, a busy minute once made the winner look 10x slower)."""
+def _time_paths(
+    config: ModelConfig, candidates: list[tuple[str, StepPath, Isa | None]], blocks: bool
+) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
+    """Candidate -> regime -> median ms, and candidate -> why it was left out. Each candidate
+    is made and stepped once first: one that cannot run the model (the column groups of a
+    model whose shapes have no blocks, a build that does not load) is left out, not timed.
+    The candidates' steps are timed in turn, one of each per round, so that a load that
+    comes and goes on a shared machine meets them all alike (timed one after the other, a
+    busy minute once made the winner look 10x slower)."""
     from ..backend import StepRequest
     from ..engine import EngineCore
     from ..kv_policy import KVPolicy
 
     gen = torch.Generator().manual_seed(0)
     vocab = config.vocab_size
-    blocks = sum(s * (-(-(c + n * (_REPS + 2)) // 16) + 1) for s, c, n in REGIMES.values())
-    shared = _random_model(config)
-    engines = []
-    for _, path, isa in candidates:
-        # the tiles pack a model's weights in place, where the other paths cannot read them
-        tiles = path == "fused" and get_build(isa).tiles_available()
-        kernels: Literal["fused", "torch"] = "torch" if path == "torch" else "fused"
-        model = _random_model(config) if tiles else shared
-        engine = EngineCore(model, policy=KVPolicy.full(), num_blocks=blocks, block_size=16, kernels=kernels, isa=isa)
-        if path == "groups":
-            engine.pin_paths(dict.fromkeys(REGIMES, "groups"))
+    blocks_needed = sum(s * (-(-(c + n * (_REPS + 2)) // 16) + 1) for s, c, n in REGIMES.values())
+    shared = _random_model(config, blocks=blocks)
+    engines: list[EngineCore] = []
+    timed: list[str] = []
+    dropped: dict[str, str] = {}
+    for name, path, isa in candidates:
+        try:
+            # the tiles pack a model's weights in place, where the other paths cannot read them
+            tiles = path == "fused" and blocks and get_build(isa).tiles_available()
+            kernels: Literal["fused", "torch"] = "torch" if path == "torch" else "fused"
+            model = _random_model(config, blocks=True) if tiles else shared
+            engine = EngineCore(
+                model, policy=KVPolicy.full(), num_blocks=blocks_needed, block_size=16, kernels=kernels, isa=isa
+            )
+            if path == "groups":
+                engine.pin_paths(dict.fromkeys(REGIMES, "groups"))
+            _check_runs(engine, vocab)
+        except (ValueError, RuntimeError) as exc:  # KernelBuildError is a RuntimeError
+            dropped[name] = str(exc)
+            log.info("kernels.auto leaves out %s: %s", name, exc)
+            continue
         engines.append(engine)
-    out: dict[str, dict[str, float]] = {name: {} for name, _, _ in candidates}
+        timed.append(name)
+    out: dict[str, dict[str, float]] = {name: {} for name in timed}
     for regime, (sessions, context, new) in REGIMES.items():
         seqs = []
         for engine in engines:
@@ -206,16 +234,31 @@ def _time_paths(config: ModelConfig, candidates: list[tuple[str, StepPath, Isa |
                 if rep:  # the first is a warm-up
                     ms[i].append((time.perf_counter() - t) * 1e3)
         for i, engine in enumerate(engines):
-            out[candidates[i][0]][regime] = statistics.median(ms[i])
+            out[timed[i]][regime] = statistics.median(ms[i])
             for s in seqs[i]:
                 engine.free_sequence(s)
-    return out
+    return out, dropped
 
 
-def _random_model(config: ModelConfig) -> LlamaModel:
+def _check_runs(engine: EngineCore, vocab: int) -> None:
+    """One prefill and one decode step of one session, with finite logits: ``ValueError`` if not."""
+    from ..backend import StepRequest
+
+    seq = engine.add_sequence()
+    try:
+        for tokens in ([1 % vocab, 2 % vocab, 3 % vocab], [4 % vocab]):
+            (out,) = engine.step([StepRequest(seq, tokens, return_logits=True)])
+            if out.logits is None or not bool(torch.isfinite(out.logits).all()):
+                raise ValueError(f"its step gave no finite logits ({out.stall or 'non-finite'})")
+    finally:
+        engine.free_sequence(seq)
+
+
+def _random_model(config: ModelConfig, *, blocks: bool) -> LlamaModel:
     """A model of ``config``'s shapes whose weights are random GGUF-like blocks (4-bit dense
     layers, an 8-bit embedding and head), which it can pack into tiles or column groups as
-    a model read from a GGUF file can."""
+    a model read from a GGUF file can; without ``blocks``, the same float32 weights and no
+    blocks, as a model read from safetensors."""
     from ..model import LlamaModel
     from ..quant import QuantBlocks
 
@@ -237,17 +280,21 @@ def _random_model(config: ModelConfig) -> LlamaModel:
             ("mlp.down_proj", c.hidden_size, c.intermediate_size),
         ):
             shapes[p + name + ".weight"] = (n, k)
-    blocks: dict[str, QuantBlocks] = {}
+    quant_blocks: dict[str, QuantBlocks] = {}
     state: dict[str, torch.Tensor] = {"model.norm.weight": torch.ones(c.hidden_size)}
     for name, (n, k) in shapes.items():
         if k % 32 == 0 and name in ("model.embed_tokens.weight", "lm_head.weight"):
             scale = (torch.rand(n, k // 32, generator=gen) * 0.0003).half().float()
-            blocks[name] = QuantBlocks(torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8), scale, None)
-            state[name] = blocks[name].dequantize()
+            quant_blocks[name] = QuantBlocks(
+                torch.randint(-127, 128, (n, k), generator=gen, dtype=torch.int8), scale, None
+            )
+            state[name] = quant_blocks[name].dequantize()
         elif k % 32 == 0:
             scale = (torch.rand(n, k // 32, generator=gen) * 0.01).half().float()
-            blocks[name] = QuantBlocks(torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int8), scale, -8 * scale)
-            state[name] = blocks[name].dequantize()
+            quant_blocks[name] = QuantBlocks(
+                torch.randint(0, 16, (n, k), generator=gen, dtype=torch.int8), scale, -8 * scale
+            )
+            state[name] = quant_blocks[name].dequantize()
         else:
             state[name] = torch.randn(n, k, generator=gen) * 0.02
     for i in range(c.num_layers):
@@ -255,6 +302,6 @@ def _random_model(config: ModelConfig) -> LlamaModel:
             state[f"model.layers.{i}.{norm}.weight"] = torch.ones(c.hidden_size)
     model = LlamaModel(c)
     model.load_hf_state_dict(state)
-    if blocks:
-        model.block_source = lambda: blocks
+    if blocks and quant_blocks:
+        model.block_source = lambda: quant_blocks
     return model.eval()

@@ -384,7 +384,7 @@ def engine_path(model: LlamaModel, kernels: Kernels) -> tuple[bool, str | None]:
     from metronome_engine import kernels as fused_kernels
     from metronome_engine.engine import resolve_kernels
 
-    fused = resolve_kernels(kernels, next(model.parameters()).device, model.config) == "fused"
+    fused = resolve_kernels(kernels, next(model.parameters()).device, model.config, blocks=model.has_blocks) == "fused"
     return fused, fused_kernels.default_isa() if fused else None
 
 

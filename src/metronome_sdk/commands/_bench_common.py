@@ -5,13 +5,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from .._extras import require
+
+if TYPE_CHECKING:
+    from metronome_engine.kernels import Isa
 
 __all__ = ["add_common", "add_isa", "machine", "positive_float", "save_report", "select_isa", "setup_threads"]
 
@@ -45,39 +47,39 @@ def add_common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-# what `--isa x86-64-v3` tells this process's libraries, so that the whole run (the fused
-# kernels, torch's own kernels, MKL and oneDNN under the torch path and HF) is what an AVX2
-# machine runs. Each library reads its variable when first used, which is after this is set.
-AVX2_ENV = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_ENABLE_INSTRUCTIONS": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
-
-
 def add_isa(p: argparse.ArgumentParser) -> None:
+    from metronome_engine.kernels import ISAS
+
     p.add_argument(
         "--isa",
-        choices=["native", "x86-64-v3", "generic"],
+        choices=ISAS,
         default=os.environ.get("METRONOME_KERNELS_ISA") or "native",
-        help="the fused kernels' build: this CPU's own vector unit (default), x86-64-v3 (AVX2+FMA, with "
-        "torch, MKL and oneDNN held to AVX2 too): an AVX2 machine's figures on any x86-64 one, or generic "
-        "(no intrinsics: the paths an aarch64 build runs)",
+        help="the fused kernels' build: this CPU's own vector unit (default); x86-64-v4 (AVX-512 without "
+        "AMX tiles) or x86-64-v3 (AVX2+FMA), each with torch, MKL and oneDNN held to the same vector unit: "
+        "such a machine's figures on any x86-64 one that can run them; or generic (no intrinsics: the "
+        "paths an aarch64 build runs)",
     )
 
 
-def select_isa(isa: str) -> str:
-    """Point this process at the kernels' build ``isa``; returns torch's CPU capability. Call it before
-    anything computes."""
-    from metronome_engine.kernels import ISA_ENV, cannot_run
+def select_isa(isa: Isa) -> str:
+    """Point this process at the kernels' build ``isa``, and torch's own kernels, MKL and
+    oneDNN at its vector unit (``kernels.held_env``: x86-64-v3 holds them to AVX2, x86-64-v4
+    to AVX-512 without VNNI or AMX), so that the whole run is what a machine of that kind
+    runs; returns torch's CPU capability. Call it before anything computes: each library
+    reads its variable when first used."""
+    from metronome_engine.kernels import HELD_CAPABILITY, ISA_ENV, cannot_run, held_env
 
-    why = cannot_run(isa)  # type: ignore[arg-type]  # argparse's choices are the builds
+    why = cannot_run(isa)
     if why is not None:  # said here, not as a compiler's failure or a quiet fall back to torch
         raise ValueError(f"--isa {isa}: {why}")
     os.environ[ISA_ENV] = isa
-    if isa == "x86-64-v3":
-        os.environ.update(AVX2_ENV)
+    held = held_env(isa)
+    os.environ.update(held)
     capability = str(torch.backends.cpu.get_cpu_capability())
-    if isa == "x86-64-v3" and capability not in ("AVX2", "DEFAULT"):
+    if isa in HELD_CAPABILITY and capability not in (HELD_CAPABILITY[isa], "DEFAULT"):
         raise RuntimeError(
             f"torch already chose its {capability} kernels in this process; run with "
-            + " ".join(f"{k}={v}" for k, v in AVX2_ENV.items())
+            + " ".join(f"{k}={v}" for k, v in held.items())
         )
     return capability
 
@@ -91,12 +93,19 @@ def setup_threads(args: argparse.Namespace) -> None:
 
 
 def machine() -> dict[str, Any]:
+    """What every benchmark's JSON says of the machine: ``lscpu``'s model name, the vector
+    flags that pick a kernel path, the kernels' build this process runs, torch's threads and
+    CPU capability, and the load when it was written."""
+    from metronome_engine import cpu
+    from metronome_engine.kernels import default_isa
+
     load = os.getloadavg() if hasattr(os, "getloadavg") else None
     return {
-        "cpu": platform.processor() or platform.machine(),
-        "cores": os.cpu_count(),
+        **cpu.describe(),
+        "build": default_isa(),
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
+        "torch_cpu_capability": str(torch.backends.cpu.get_cpu_capability()),
         "load_avg_1m": None if load is None else round(load[0], 2),
     }
 

@@ -136,7 +136,7 @@ def _run(args: argparse.Namespace) -> int:
         runs = run_admit(config, model=model, on_round=tick, on_run=new_run)
     report = summarize(config, runs, n_sched, sweep)
     report["plots"] = [str(plot_admit(runs, n_sched, args.out))]
-    report["machine"] = {**machine(), "isa": args.isa, "torch_capability": capability}
+    report["machine"] = {**machine(), "torch_cpu_capability": capability}
     report["seconds"] = round(time.monotonic() - started, 1)
     saved = save_report(report, args.out, "admit")
     if args.json:

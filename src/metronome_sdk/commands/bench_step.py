@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import sys
 from typing import Any
 
 import torch
 
 from ._base import Command, emit_json, print_table
-from ._bench_common import add_isa, select_isa
+from ._bench_common import add_isa, machine, select_isa
 
 
 def _batches(text: str) -> list[int]:
@@ -113,7 +112,7 @@ def _run(args: argparse.Namespace) -> int:
     choice = None
     if args.kernels == "auto":
         say("kernels=auto: the measured choice (timed once per machine, then cached)")
-        choice = auto_choice(model=args.model)
+        choice = auto_choice(model=args.model, quantize=args.quantize)
         say(f"kernels=auto chose {choice.name}: {choice.times_ms}")
     anchors = make_anchors(
         args.model,
@@ -161,12 +160,7 @@ def _run(args: argparse.Namespace) -> int:
         "gemm_gflops": roof.gemm_gflops,
         "copy_gbs": roof.copy_gbs,
         "anchors": run.anchors,
-        "machine": {
-            "cpu": platform.processor() or platform.machine(),
-            "threads": torch.get_num_threads(),
-            "torch": torch.__version__,
-            "torch_cpu_capability": capability,
-        },
+        "machine": {**machine(), "build": args.isa, "torch_cpu_capability": capability},
     }
     if args.json:
         emit_json(report)
