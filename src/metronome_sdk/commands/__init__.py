@@ -8,6 +8,7 @@ from .bench_cliff import BENCH_CLIFF
 from .bench_forecast import BENCH_FORECAST
 from .bench_step import BENCH_STEP
 from .bench_sweep import BENCH_SWEEP
+from .bench_voice import BENCH_VOICE
 from .demo import DEMO
 from .eval_memory import EVAL_MEMORY
 from .eval_ppl import EVAL_PPL
@@ -29,4 +30,5 @@ COMMANDS: tuple[Command, ...] = (
     BENCH_FORECAST,
     BENCH_SWEEP,
     BENCH_ADMIT,
+    BENCH_VOICE,
 )
