@@ -10,6 +10,7 @@ from .bench_step import BENCH_STEP
 from .bench_sweep import BENCH_SWEEP
 from .bench_voice import BENCH_VOICE
 from .demo import DEMO
+from .eval_answers import EVAL_ANSWERS
 from .eval_memory import EVAL_MEMORY
 from .eval_ppl import EVAL_PPL
 from .eval_quality import EVAL_QUALITY
@@ -25,6 +26,7 @@ COMMANDS: tuple[Command, ...] = (
     EVAL_QUALITY,
     EVAL_MEMORY,
     EVAL_VOICE,
+    EVAL_ANSWERS,
     BENCH_STEP,
     BENCH_CLIFF,
     BENCH_FORECAST,
