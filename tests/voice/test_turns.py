@@ -286,9 +286,12 @@ async def test_each_answer_reports_its_voice_to_voice_latency() -> None:
         await engine.aclose()
     latency = [e for e in events if e["type"] == "latency"]
     assert len(latency) == 1 and agent.latencies
-    parts = ("turn_end", "transcribe", "first_sentence", "synthesize")
+    parts = ("turn_end", "transcribe", "first_token", "first_clause", "synthesize", "send")
     total = latency[0]["voice_to_voice"]
     assert isinstance(total, float) and total > 0
     assert abs(sum(float(latency[0][p]) for p in parts) - total) < 1e-6  # type: ignore[arg-type]
     # memory audio is not paced: the detector's 0.7 s pause is audio time, not wall-clock time
     assert [e["voice_to_voice"] for e in events if e["type"] == "stats"][-1] == total
+    breakdown = {p: latency[0][p] for p in ("voice_to_voice", *parts)}
+    assert [e["turn"] for e in events if e["type"] == "stats"][-1] == breakdown
+    assert all(float(latency[0][p]) >= 0 for p in parts)  # type: ignore[arg-type]

@@ -8,7 +8,9 @@ from .bench_cliff import BENCH_CLIFF
 from .bench_forecast import BENCH_FORECAST
 from .bench_step import BENCH_STEP
 from .bench_sweep import BENCH_SWEEP
+from .bench_voice import BENCH_VOICE
 from .demo import DEMO
+from .eval_answers import EVAL_ANSWERS
 from .eval_memory import EVAL_MEMORY
 from .eval_ppl import EVAL_PPL
 from .eval_quality import EVAL_QUALITY
@@ -24,9 +26,11 @@ COMMANDS: tuple[Command, ...] = (
     EVAL_QUALITY,
     EVAL_MEMORY,
     EVAL_VOICE,
+    EVAL_ANSWERS,
     BENCH_STEP,
     BENCH_CLIFF,
     BENCH_FORECAST,
     BENCH_SWEEP,
     BENCH_ADMIT,
+    BENCH_VOICE,
 )

@@ -29,9 +29,9 @@ from ..transports._base import Event, Transport
 from ._protocols import Playback, SpeechToText, TextToSpeech
 from ._vad import VoiceActivityDetector
 
-__all__ = ["TurnLatency", "VoiceAgent", "error_event", "stats_event"]
+__all__ = ["TurnLatency", "VoiceAgent", "clause_end", "error_event", "stats_event"]
 
-_SENTENCE_END = re.compile(r"[.!?;:]\s*$")
+_CLAUSE_MARK = re.compile(r"[.!?;:,]+(?=\s|$)")
 
 
 def error_event(exc: BaseException) -> Event:
@@ -74,6 +74,7 @@ def frame_event(out: OutputFrame, deadline: float) -> Event:
         "latency": out.latency,
         "deadline": deadline,
         "deadline_missed": out.deadline_missed,
+        "tokens": len(out.tokens),
     }
 
 
@@ -82,27 +83,56 @@ class TurnLatency:
     """Where one turn's voice-to-voice time went, in seconds of wall-clock time.
 
     ``voice_to_voice``: from the end of the caller's speech to the first reply audio handed to
-    the transport (the figure voice-app developers compare). It is the sum of ``turn_end``
-    (the pause the turn detector waited for, or nothing when the caller's audio stopped),
-    ``transcribe`` (speech to text), ``first_sentence`` (the session's prefill and decode up
-    to the first complete sentence) and ``synthesize`` (that sentence to speech).
+    the transport (the figure voice-app developers compare). It is the sum of its parts, one
+    after the other on the turn's critical path:
+
+    - ``turn_end``: the pause the turn detector waited for (nothing when the caller's audio stopped);
+    - ``transcribe``: speech to text;
+    - ``first_token``: the session's prefill of the turn, up to the reply's first token;
+    - ``first_clause``: decoding on, up to the first clause the voice can speak (``first_clause_words``);
+    - ``synthesize``: that clause to speech;
+    - ``send``: the speech waiting for the voice loop and handed to the transport.
     """
 
     voice_to_voice: float
     turn_end: float
     transcribe: float
-    first_sentence: float
+    first_token: float
+    first_clause: float
     synthesize: float
+    send: float
 
-    def event(self) -> Event:
+    def as_dict(self) -> dict[str, float]:
         return {
-            "type": "latency",
             "voice_to_voice": self.voice_to_voice,
             "turn_end": self.turn_end,
             "transcribe": self.transcribe,
-            "first_sentence": self.first_sentence,
+            "first_token": self.first_token,
+            "first_clause": self.first_clause,
             "synthesize": self.synthesize,
+            "send": self.send,
         }
+
+    def event(self) -> Event:
+        return {"type": "latency", **self.as_dict()}
+
+
+def clause_end(text: str, *, first: bool, min_words: int) -> int | None:
+    """Where the speakable part of ``text`` ends (an index into it), or None to wait for more.
+
+    A sentence ends at ``.!?;:`` followed by a space or the text's end; the first part of a
+    reply may end sooner, at a comma (a clause) with at least ``min_words`` words before it, so
+    that the voice starts on the first clause while the rest decodes. A mark inside a word or
+    a number (``3.5``, ``1,000``) is no end; one right after a digit at the text's end waits
+    for the next token.
+    """
+    for m in _CLAUSE_MARK.finditer(text):
+        if m.end() == len(text) and m.start() > 0 and text[m.start() - 1].isdigit():
+            return None  # "3." may go on as "3.5": the next token says
+        if m.group().startswith(",") and not (first and len(text[: m.start()].split()) >= min_words):
+            continue
+        return m.end()
+    return None
 
 
 @dataclass(slots=True)
@@ -112,8 +142,10 @@ class _Turn:
     speech_end: float  # time.monotonic() when the caller stopped speaking
     heard_at: float  # when the turn detector ended the turn
     transcribed_at: float = math.nan
-    first_sentence_at: float = math.nan
-    first_synthesis_at: float = math.nan
+    first_token_at: float = math.nan
+    first_clause_at: float = math.nan
+    synthesized_at: float = math.nan  # the first clause's speech is ready
+    first_synthesis_at: float = math.nan  # and handed to the transport
     answered: bool = False  # the session's reply is complete (or cut)
 
 
@@ -123,9 +155,11 @@ class VoiceAgent:
     A turn ends when ``vad`` hears a pause, or when the caller's audio stops: its track ended
     (``receive_audio`` raised ``anyio.EndOfStream``) or no frame came for ``turn_gap``
     seconds. ``stt`` transcribes it on a worker thread; the session answers with the model's
-    chat template, up to ``max_reply_tokens``; each sentence goes to ``tts`` as soon as it is
-    complete; ``decode_tokens`` (the session's own setting when None) lets each output frame
-    carry several tokens, so the first sentence is whole in fewer ticks. Each frame goes to
+    chat template, up to ``max_reply_tokens``; each clause goes to ``tts`` as soon as it is
+    complete (the first one at a comma after ``clause_words`` words, later ones at the end of a
+    sentence; ``clause_end``), and its speech to the transport as soon as it is synthesized, while
+    the rest decodes; ``decode_tokens`` (the session's own setting when None) lets each output frame
+    carry several tokens, so the first clause is whole in fewer ticks. Each frame goes to
     the session ``beat_lead`` seconds before the engine's next tick (``Engine.next_tick``;
     ``None``: at once), so its latency is the engine's work, not a wait for the metronome's
     phase, and the reply comes no later. Each answered turn's
@@ -160,6 +194,7 @@ class VoiceAgent:
         barge_in: float | None = 0.06,
         decode_tokens: int | None = None,
         beat_lead: float | None = 0.01,
+        clause_words: int = 3,
     ) -> None:
         if not isinstance(stt, SpeechToText):
             raise ValueError(f"stt must have transcribe(samples, sample_rate), got {stt!r}")
@@ -173,6 +208,8 @@ class VoiceAgent:
             raise ValueError(f"barge_in must be in (0, 2] seconds of speech, or None for no barge-in; got {barge_in!r}")
         if beat_lead is not None and not 0.0 <= beat_lead <= 1.0:
             raise ValueError(f"beat_lead must be in [0, 1] seconds, or None to send frames at once; got {beat_lead!r}")
+        if isinstance(clause_words, bool) or not isinstance(clause_words, int) or clause_words < 1:
+            raise ValueError(f"clause_words must be an int >= 1, got {clause_words!r}; try 3")
         if decode_tokens is not None:
             session.decode_tokens = decode_tokens  # checked by the session; the agent is its consumer
         self.session = session
@@ -185,6 +222,7 @@ class VoiceAgent:
         self.turn_gap = turn_gap
         self.barge_in = barge_in
         self.beat_lead = beat_lead
+        self.clause_words = clause_words
         self.latencies: list[TurnLatency] = []
         self.interruptions = 0
         self._log = get_logger(session_id=session.id)
@@ -319,6 +357,7 @@ class VoiceAgent:
                 self._replying = turn
                 await self.transport.send_event({"type": "state", "state": "thinking"})
                 text = await anyio.to_thread.run_sync(self.stt.transcribe, turn.utterance, self.vad.sample_rate)
+                text = " ".join(text.split())
                 turn.transcribed_at = time.monotonic()
                 self._log.info("voice.heard", chars=len(text), seconds=turn.utterance.size / self.vad.sample_rate)
                 try:
@@ -339,7 +378,8 @@ class VoiceAgent:
         engine = self.session.engine
         deadline = engine.timing.frame_deadline if engine is not None else math.nan
         reply: list[str] = []
-        sentence = ""
+        pending = ""  # reply text not yet sent to the voice
+        parts = 0  # clauses sent to the voice
         produced = 0  # tokens: a frame may carry several (decode_tokens)
         stopped = cut = False
         # the turn goes in ahead of the frame that answers it (Session.append): the frame then
@@ -359,26 +399,32 @@ class VoiceAgent:
                     break
                 produced += max(1, len(out.tokens))
                 stopped = out.stop
+                if out.tokens and math.isnan(turn.first_token_at):
+                    turn.first_token_at = time.monotonic()
                 await self.transport.send_event(frame_event(out, deadline))
                 if out.text:
                     reply.append(out.text)
-                    sentence += out.text
+                    pending += out.text
                     await self.transport.send_event(
                         {"type": "transcript", "role": "assistant", "text": out.text, "final": False}
                     )
                 cut = turn.number <= self._cut
                 last = cut or out.stop or produced >= self.max_reply_tokens
-                if not cut and sentence.strip() and (last or _SENTENCE_END.search(sentence)):
-                    if math.isnan(turn.first_sentence_at):
-                        turn.first_sentence_at = time.monotonic()
+                while not cut:  # each clause goes to the voice as soon as it is whole
+                    end = len(pending) if last else clause_end(pending, first=parts == 0, min_words=self.clause_words)
+                    if end is None or not pending[:end].strip():
+                        break
+                    part, pending = pending[:end].strip(), pending[end:]
+                    if math.isnan(turn.first_clause_at):
+                        turn.first_clause_at = time.monotonic()
+                    parts += 1
                     self._unspoken += 1
-                    await self._speech_in.send((turn, sentence.strip()))
-                    sentence = ""
+                    await self._speech_in.send((turn, part))
                 if last:
                     break
         finally:
             self._decoding = None
-        answer = "".join(reply).strip()
+        answer = " ".join("".join(reply).split())  # one space between words, whatever the deltas carried
         final: Event = {"type": "transcript", "role": "assistant", "text": answer, "final": True}
         if cut:
             final["interrupted"] = True
@@ -417,6 +463,8 @@ class VoiceAgent:
             return
         if not samples.size or turn.number <= self._cut:  # cut while it was being synthesized
             return
+        if math.isnan(turn.synthesized_at):
+            turn.synthesized_at = time.monotonic()
         await self.transport.send_audio(pcm16(samples), rate)
         if math.isnan(turn.first_synthesis_at):
             turn.first_synthesis_at = now = time.monotonic()
@@ -424,8 +472,10 @@ class VoiceAgent:
                 voice_to_voice=now - turn.speech_end,
                 turn_end=turn.heard_at - turn.speech_end,
                 transcribe=turn.transcribed_at - turn.heard_at,
-                first_sentence=turn.first_sentence_at - turn.transcribed_at,
-                synthesize=now - turn.first_sentence_at,
+                first_token=turn.first_token_at - turn.transcribed_at,
+                first_clause=turn.first_clause_at - turn.first_token_at,
+                synthesize=turn.synthesized_at - turn.first_clause_at,
+                send=now - turn.synthesized_at,
             )
             self.latencies.append(latency)
             self._log.info("voice.latency", voice_to_voice=latency.voice_to_voice)
@@ -440,7 +490,9 @@ class VoiceAgent:
                 scope.cancel()
                 return
             event = stats_event(self.session)
-            event["voice_to_voice"] = self.latencies[-1].voice_to_voice if self.latencies else None
+            last = self.latencies[-1] if self.latencies else None
+            event["voice_to_voice"] = last.voice_to_voice if last is not None else None
+            event["turn"] = last.as_dict() if last is not None else None  # where the last answer's time went
             event["interruptions"] = self.interruptions
             await self.transport.send_event(event)
             await anyio.sleep(self.stats_interval)

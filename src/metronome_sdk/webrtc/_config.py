@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 
 __all__: list[str] = []  # internal: ServerConfig and DEFAULT_PROMPT, exported by metronome_sdk.webrtc
 
-DEFAULT_PROMPT = "You are a friendly voice assistant. Answer in one or two short sentences."
+# chosen by `metronome eval answers` (docs/voice-agent.md): the most answers right and all in English;
+# "You are a friendly voice assistant. Answer in one or two short sentences." answered France's capital in French
+DEFAULT_PROMPT = "Answer the question in one short English sentence."
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

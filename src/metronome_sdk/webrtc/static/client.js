@@ -62,7 +62,8 @@ function onEvent(event) {
       const ms = (x) => (x * 1e3).toFixed(0);
       $("v2v").textContent = ms(event.voice_to_voice);
       $("v2vparts").textContent = "turn end " + ms(event.turn_end) + " + hearing " + ms(event.transcribe) +
-        " + first sentence " + ms(event.first_sentence) + " + voice " + ms(event.synthesize);
+        " + first token " + ms(event.first_token) + " + first clause " + ms(event.first_clause) +
+        " + voice " + ms(event.synthesize) + " + send " + ms(event.send);
       break;
     }
     case "interrupted":

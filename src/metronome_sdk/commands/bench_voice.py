@@ -1,0 +1,200 @@
+"""``metronome bench voice``: aiortc callers ask spoken questions of the demo; voice to voice on their clocks."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import shlex
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from ._base import Command, emit_json, print_table
+
+VOICES = ("piper-joe", "espeak-en-us")
+TOKEN_ENV = "METRONOME_TOKEN"
+
+
+def parse_callers(text: str) -> tuple[int, ...]:
+    """``--callers``: comma-separated counts of callers at once, each in [1, 16]."""
+    try:
+        values = tuple(int(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--callers takes comma-separated ints, got {text!r}") from None
+    if not values or any(not 1 <= v <= 16 for v in values):
+        raise argparse.ArgumentTypeError(f"--callers counts must be in [1, 16], got {text!r}")
+    return values
+
+
+def parse_voices(text: str) -> tuple[str, ...]:
+    names = tuple(n.strip() for n in text.split(",") if n.strip())
+    if not names or any(n not in VOICES for n in names):
+        raise argparse.ArgumentTypeError(f"--voices takes some of {','.join(VOICES)}, got {text!r}")
+    return names
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an int >= 1, got {text!r}")
+    return value
+
+
+def _add(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--callers", type=parse_callers, default=(1, 2, 4), help="callers at once, comma-separated (default 1,2,4)"
+    )
+    p.add_argument("--turns", type=_positive_int, default=3, help="questions each caller asks (default 3)")
+    p.add_argument(
+        "--voices",
+        type=parse_voices,
+        default=VOICES,
+        help=f"who speaks the questions, in turn (default {','.join(VOICES)})",
+    )
+    p.add_argument(
+        "--server",
+        default=None,
+        help="a running demo's URL (http://127.0.0.1:8080/); default: start `metronome demo` in its own process",
+    )
+    p.add_argument(
+        "--demo-args", default="", help="more arguments for the `metronome demo` it starts (e.g. '--window 128')"
+    )
+    p.add_argument("--warmup", type=int, default=1, help="questions asked first and not counted (default 1)")
+    p.add_argument("--timeout", type=float, default=30.0, help="seconds a turn may wait for its reply (default 30)")
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for voice.json (default bench-out/)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+    p.epilog = f"The callers send ${TOKEN_ENV} as a bearer token when it is set."
+
+
+def _speak(voices: tuple[str, ...], count: int) -> list[Any]:
+    """``count`` questions, each spoken now by the next voice in ``voices``."""
+    from ..bench.voice import SpokenQuestion, to_caller_rate
+    from ..eval.questions import QUESTIONS
+    from ..voice import EspeakTTS, PiperTTS
+
+    with contextlib.ExitStack() as stack:
+        speakers: dict[str, Any] = {}
+        for name in voices:
+            if name == "piper-joe":
+                speakers[name] = stack.enter_context(PiperTTS())
+            else:
+                try:
+                    speakers[name] = EspeakTTS(voice=name.removeprefix("espeak-"), speed=160)
+                except FileNotFoundError as exc:
+                    raise ValueError(f"{exc} (or leave espeak-ng out: --voices piper-joe)") from exc
+        spoken = []
+        for i in range(count):
+            question, voice = QUESTIONS[i % len(QUESTIONS)], voices[i % len(voices)]
+            pcm, rate = speakers[voice].synthesize(question.text)
+            spoken.append(SpokenQuestion(question.text, voice, to_caller_rate(pcm, rate)))
+    return spoken
+
+
+async def _bench(args: argparse.Namespace, questions: list[Any], log: Path) -> dict[str, Any]:
+    from ..bench.voice import machine, run_round, spawn_demo, summarize
+
+    token = os.environ.get(TOKEN_ENV) or None
+    async with contextlib.AsyncExitStack() as stack:
+        if args.server is None:
+            url = await stack.enter_async_context(spawn_demo(shlex.split(args.demo_args), log=log))
+        else:
+            url = args.server if args.server.endswith("/") else args.server + "/"
+        warm = questions[-1:]
+        if args.warmup > 0:
+            await run_round(url, warm, callers=1, turns=args.warmup, token=token, timeout=args.timeout)
+        rounds = []
+        for n in args.callers:
+            before = machine()["load_avg"]
+            results = await run_round(url, questions, callers=n, turns=args.turns, token=token, timeout=args.timeout)
+            summary = summarize(n, results)
+            summary["load_avg"] = {"before": before, "after": machine()["load_avg"]}
+            rounds.append(summary)
+    return {"server": args.server or "spawned: metronome demo " + args.demo_args, "rounds": rounds}
+
+
+def _run(args: argparse.Namespace) -> int:
+    from .._extras import require
+
+    require("aiortc", extra="webrtc", feature="metronome bench voice (its callers are aiortc peers)")
+    if args.timeout <= 0:
+        raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
+    if args.warmup < 0:
+        raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    from ..bench.voice import machine
+
+    started = time.monotonic()
+    questions = _speak(args.voices, max(args.callers) * args.turns + 1)
+    with tempfile.TemporaryDirectory(prefix="metronome-bench-voice-") as folder:
+        log = Path(folder) / "demo.log"
+        try:
+            report = asyncio.run(_bench(args, questions, log))
+        except RuntimeError as exc:
+            tail = log.read_text(errors="replace")[-2000:] if log.exists() else ""
+            raise ValueError(f"{exc}\n{tail}".rstrip()) from exc
+    report["machine"] = machine()
+    report["seconds"] = round(time.monotonic() - started, 1)
+    args.out.mkdir(parents=True, exist_ok=True)
+    saved = args.out / "voice.json"
+    saved.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if args.json:
+        emit_json(report)
+        return 0
+    _print(report, saved)
+    return 0
+
+
+def _print(report: dict[str, Any], saved: Path) -> None:
+    stages = sorted({s for r in report["rounds"] for s in r["server_median"]} - {"voice_to_voice"})
+    print_table(
+        ["callers", "turns", "no reply", "p50 s", "p95 s", "max s", "server v2v s", *(f"{s} s" for s in stages)],
+        [
+            [
+                r["callers"],
+                r["turns"],
+                r["no_reply"],
+                r["p50"],
+                r["p95"],
+                r["max"],
+                r["server_median"].get("voice_to_voice"),
+                *(r["server_median"].get(s) for s in stages),
+            ]
+            for r in report["rounds"]
+        ],
+    )
+    print("voice to voice on each caller's clock (p50/p95 by nearest rank); server stages: medians of its events")
+    print()
+    print_table(
+        ["callers", "caller", "voice", "v2v s", "asked", "heard", "answer"],
+        [
+            [t["callers"], t["caller"], t["voice"], t["voice_to_voice"], t["question"], t["heard"], _cut(t["answer"])]
+            for r in report["rounds"]
+            for t in r["results"]
+        ],
+    )
+    m = report["machine"]
+    flags = ", ".join(f"{f} {'yes' if m[f] else 'no'}" for f in ("avx2", "avx512f", "amx_tile"))
+    loads = "; ".join(
+        f"{r['callers']}: {r['load_avg']['before'][0]}->{r['load_avg']['after'][0]}" for r in report["rounds"]
+    )
+    print(f"\n{m['model_name']}, {m['cores']} cores ({flags}); load 1 min by round {loads}")
+    print(f"report: {saved}  ({report['seconds']} s)")
+
+
+def _cut(text: str, width: int = 70) -> str:
+    return text if len(text) <= width else text[: width - 3] + "..."
+
+
+BENCH_VOICE = Command(
+    "bench",
+    "voice",
+    "aiortc callers ask spoken questions of `metronome demo`: end of speech to first reply audio, per caller count",
+    _add,
+    _run,
+)

@@ -1,0 +1,54 @@
+"""``metronome eval answers``: how an answer is judged (the real model's run is the command itself)."""
+
+from __future__ import annotations
+
+import pytest
+
+from metronome_sdk.cli import build_parser
+from metronome_sdk.eval.answers import PROMPTS, is_english, is_right
+from metronome_sdk.eval.questions import QUESTIONS, Question
+from metronome_sdk.webrtc import DEFAULT_PROMPT
+
+PARIS = Question("What is the capital of France?", ("paris",))
+
+
+def test_a_right_answer_holds_a_key_word_in_english() -> None:
+    assert is_right(PARIS, "The capital of France is Paris.")
+    assert is_right(PARIS, "Paris.")  # no function words either way: English enough
+    assert not is_right(PARIS, "Le Grand Paris, la femme de la France.")  # the key word, in French
+    assert not is_right(PARIS, "The capital of France is Lyon.")
+    assert not is_right(PARIS, "Parisians love it.")  # a whole word, not a part of one
+
+
+def test_numbers_and_words_with_hyphens_count() -> None:
+    hours = next(q for q in QUESTIONS if "hours" in q.text)
+    assert is_right(hours, "A day has 24 hours.")
+    assert is_right(hours, "There are twenty-four hours in a day.")
+    assert not is_right(hours, "A day is approximately 86,400 seconds.")
+    gas = next(q for q in QUESTIONS if "gas" in q.text)
+    assert is_right(gas, "They take in CO2.")
+
+
+@pytest.mark.parametrize(
+    ("text", "english"),
+    [
+        ("The sky is blue.", True),
+        ("Le ciel est bleu et la mer aussi.", False),
+        ("El cielo es azul y el mar también.", False),
+        ("Der Himmel ist blau und das Meer auch.", False),
+        ("Café au lait.", False),  # accents are no English spelling
+        ("Blue.", True),
+    ],
+)
+def test_english_is_judged_by_function_words(text: str, english: bool) -> None:
+    assert is_english(text) is english
+
+
+def test_the_demos_prompt_is_among_those_tried() -> None:
+    assert DEFAULT_PROMPT in PROMPTS
+    assert all(q.keys and all(k == k.lower() for k in q.keys) for q in QUESTIONS)
+
+
+def test_the_command_parses_its_options() -> None:
+    args = build_parser().parse_args(["eval", "answers", "--prompt", "Be brief.", "--prompt", "none", "--json"])
+    assert (args.prompt, args.max_tokens, args.json) == (["Be brief.", "none"], 48, True)

@@ -1,0 +1,38 @@
+"""``metronome bench voice``'s callers, for real over loopback, against a server with a tiny engine.
+
+The callers speak tones (the tiny server's turn detector hears loudness, its voice speaks
+tones), so this checks the callers' own clock and bookkeeping, not the demo's speed.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from metronome_sdk import Engine
+from metronome_sdk.bench.voice import RATE, SpokenQuestion, run_round, summarize
+from tests.webrtc.conftest import tiny_server
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def _tone_question(text: str, seconds: float = 0.6) -> SpokenQuestion:
+    t = np.arange(round(seconds * RATE)) / RATE
+    pcm = (8000 * np.sin(2 * np.pi * 300 * t)).astype(np.int16)
+    return SpokenQuestion(text, "tone", np.concatenate([pcm, np.zeros(RATE // 2, dtype=np.int16)]))
+
+
+async def test_two_callers_each_time_their_turns_and_get_the_servers_breakdown(tiny_engine: Engine) -> None:
+    questions = [_tone_question("one?"), _tone_question("two?")]
+    async with tiny_server(tiny_engine) as server:
+        results = await run_round(server.url, questions, callers=2, turns=2, stagger=0.2, timeout=20)
+    assert [(r.caller, r.question) for r in results] == [(0, "one?"), (0, "one?"), (1, "two?"), (1, "two?")]
+    for r in results:
+        assert r.voice_to_voice is not None and r.voice_to_voice > 0
+        assert r.heard == "hello there"  # the tiny server's recognizer hears that in everything
+        assert r.answer  # the tiny model said something, whatever it is
+        assert r.server is not None and r.server["voice_to_voice"] > 0
+    s = summarize(2, results)
+    assert s["turns"] == 4 and s["no_reply"] == 0
+    assert s["p50"] is not None and s["p95"] is not None and s["p50"] <= s["p95"]
+    assert "transcribe" in s["server_median"]
