@@ -25,6 +25,7 @@ from .attention import AttentionBatch, SeqChunk, StepTokens
 from .backend import PoolStats, Stall, StepOutput, StepRequest, validate_step
 from .batch_view import BatchView
 from .block_pool import BlockPool
+from .kernels.choice import REGIMES, KernelChoice, StepPath, choose_kernels, nearest_regime, regime_paths
 from .kv_cache import KVCache
 from .kv_policy import KVPolicy
 from .model import LlamaModel
@@ -36,7 +37,6 @@ from .sequence import SequenceKV
 if TYPE_CHECKING:
     from .config import ModelConfig
     from .kernels import Isa
-    from .kernels.choice import KernelChoice
 
 __all__ = ["EngineCore", "Kernels", "StepPath", "resolve_kernels"]
 
@@ -46,9 +46,6 @@ log = logging.getLogger(__name__)
 # $METRONOME_KERNELS_ISA or native), which fail loudly if they cannot build; "torch": plain
 # torch ops; "auto": whichever of the two ran faster here (kernels/choice.py), else torch
 Kernels = Literal["auto", "fused", "torch"]
-# what one step runs on: the torch path, the fused kernels on the float32 weights, or the
-# fused kernels with the dense layers read from column groups of blocks (model.pack_groups)
-StepPath = Literal["torch", "fused", "groups"]
 
 
 def resolve_kernels(
@@ -98,7 +95,6 @@ def auto_choice(
     """``kernels="auto"``'s measured choice for a model of these shapes (see ``resolve_kernels``);
     ``quantize``: the model named is quantized on load (it then has blocks)."""
     from .config import ModelConfig
-    from .kernels.choice import choose_kernels
     from .weights import DEFAULT_MODEL, has_blocks
 
     if blocks is None:
@@ -107,7 +103,7 @@ def auto_choice(
         from .weights import read_config, resolve_model_dir
 
         config = ModelConfig.from_hf(read_config(resolve_model_dir(model or DEFAULT_MODEL)))
-    return choose_kernels(config, isa, blocks=blocks)
+    return choose_kernels(config, isa, blocks=blocks, make_engine=EngineCore)
 
 
 @dataclass(slots=True)
@@ -193,7 +189,6 @@ class EngineCore:
 
     def _switch_per_regime(self, model: LlamaModel, isa: Isa | None) -> None:
         from . import kernels as fused_kernels
-        from .kernels.choice import regime_paths
 
         build = fused_kernels.get_build(isa)
         if not build.available() or (build.tiles_available() and model.has_blocks):
@@ -212,8 +207,6 @@ class EngineCore:
         as ``kernels="auto"`` does with the winners it measured. ``ValueError`` where a
         path cannot run here: fused paths need an engine built with fused kernels,
         ``"groups"`` a model whose blocks are its weights (``LlamaModel.pack_groups``)."""
-        from .kernels.choice import REGIMES
-
         unknown = set(paths) - set(REGIMES)
         if unknown:
             raise ValueError(f"unknown regimes {sorted(unknown)}; the regimes are {list(REGIMES)}")
@@ -232,8 +225,6 @@ class EngineCore:
         """The path a step of ``sessions`` sessions (the longest adding ``new_tokens``) runs
         on: the engine's, or the measured winner of the regime the step is nearest (a
         prefill chunk, or a decode step of one, a few or many rows)."""
-        from .kernels.choice import nearest_regime
-
         default: StepPath = "fused" if self.fused else "torch"
         if self.regimes is None:
             return default

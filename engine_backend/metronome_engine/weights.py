@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from safetensors.torch import load_file, save_file
 
+from . import paths
 from .config import ModelConfig
 from .model import LlamaModel
 from .quant import QUANT_KINDS, Quantize
@@ -29,7 +30,6 @@ from .quant import QUANT_KINDS, Quantize
 __all__ = [
     "DEFAULT_MODEL",
     "KNOWN_MODELS",
-    "cache_dir",
     "gguf_source",
     "load_model",
     "resolve_model_dir",
@@ -40,12 +40,6 @@ log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 KNOWN_MODELS = (DEFAULT_MODEL,)
-
-
-def cache_dir() -> Path:
-    """Where converted weights live: ``$METRONOME_CACHE`` or ``~/.cache/metronome``."""
-    root = os.environ.get("METRONOME_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "metronome")
-    return Path(root)
 
 
 def smollm2_gguf_path() -> Path:
@@ -79,7 +73,7 @@ def has_blocks(model: str | os.PathLike[str], quantize: Quantize | None = None) 
 def resolve_model_dir(model: str | os.PathLike[str]) -> Path:
     """A folder with ``config.json``, safetensors and tokenizer files for ``model``."""
     if str(model) in KNOWN_MODELS:
-        target = cache_dir() / "models" / str(model)
+        target = paths.cache_dir() / "models" / str(model)
         if not (target / "config.json").exists():
             _convert_gguf(smollm2_gguf_path(), target)
         return target
@@ -90,7 +84,7 @@ def resolve_model_dir(model: str | os.PathLike[str]) -> Path:
         _check_gguf(path)
         st = path.stat()
         key = hashlib.sha256(f"{path.resolve()} {st.st_size} {st.st_mtime_ns}".encode()).hexdigest()[:16]
-        target = cache_dir() / "models" / f"{path.stem}-{key}"
+        target = paths.cache_dir() / "models" / f"{path.stem}-{key}"
         if not (target / "config.json").exists():
             _convert_gguf(path, target)
         return target
@@ -175,7 +169,7 @@ def load_model(
     if quantize is not None:
         from .quantized import cached_blocks_path, quantize_folder, read_blocks
 
-        path = cached_blocks_path(cache_dir(), model_dir, files, quantize)
+        path = cached_blocks_path(paths.cache_dir(), model_dir, files, quantize)
         if not path.exists():
             log.info("quantizing %s to %s into %s", model_dir, quantize, path)
             quantize_folder(state, config, quantize, path)

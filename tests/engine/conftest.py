@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from metronome_engine import kernels as fused_kernels
-from metronome_engine import weights
+from metronome_engine import paths
 
 # the builds whose ops the op-by-op tests run: every build this machine runs, or, in a run held
 # to one build (tests/run_each_build.py sets METRONOME_KERNELS_ISA), that build alone
@@ -20,5 +20,5 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
     so that their build folder stays the machine's."""
     fused_kernels.available()
     root = tmp_path / "cache"
-    monkeypatch.setattr(weights, "cache_dir", lambda: root)
+    monkeypatch.setattr(paths, "cache_dir", lambda: root)
     yield root

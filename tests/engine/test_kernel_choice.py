@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from metronome_engine import KVPolicy, ModelConfig, kernels
+from metronome_engine import EngineCore, KVPolicy, ModelConfig, kernels
 from metronome_engine import engine as engine_module
 from metronome_engine.kernels import choice
 from metronome_engine.kernels.choice import REGIMES, KernelChoice, choose_kernels, nearest_regime, pick, regime_paths
@@ -48,7 +48,7 @@ def _candidates(blocks: bool) -> set[str]:
 
 def test_the_choice_is_timed_once_then_read_from_the_cache(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     monkeypatch.setattr(choice, "_choice_dir", lambda build: tmp_path)
-    first = choose_kernels(_BLOCKY)
+    first = choose_kernels(_BLOCKY, make_engine=EngineCore)
     assert set(first.times_ms) == _candidates(blocks=True) and first.dropped == {}
     assert first.name in first.times_ms and first.blocks
     assert all(set(t) == set(REGIMES) for t in first.times_ms.values())
@@ -58,7 +58,7 @@ def test_the_choice_is_timed_once_then_read_from_the_cache(monkeypatch: pytest.M
         raise AssertionError("timed again")
 
     monkeypatch.setattr(choice, "_measure", no_timing)
-    again = choose_kernels(_BLOCKY)
+    again = choose_kernels(_BLOCKY, make_engine=EngineCore)
     assert again == first
     assert len(list(tmp_path.glob("choice-*.json"))) == 1
 
@@ -67,11 +67,11 @@ def test_a_model_without_blocks_is_timed_without_the_paths_that_read_them(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
     monkeypatch.setattr(choice, "_choice_dir", lambda build: tmp_path)
-    made = choose_kernels(_BLOCKY, blocks=False)
+    made = choose_kernels(_BLOCKY, blocks=False, make_engine=EngineCore)
     assert set(made.times_ms) == _candidates(blocks=False) and not made.blocks and made.dropped == {}
     assert not made.groups and made.name in made.times_ms
     assert len(list(tmp_path.glob("choice-*.json"))) == 1  # its own entry: the key knows the blocks
-    assert choose_kernels(_BLOCKY, blocks=False) == made
+    assert choose_kernels(_BLOCKY, blocks=False, make_engine=EngineCore) == made
 
 
 def test_a_candidate_that_cannot_run_the_model_is_left_out_not_chosen(
@@ -79,7 +79,7 @@ def test_a_candidate_that_cannot_run_the_model_is_left_out_not_chosen(
 ) -> None:
     # _TINY's down projection (K = 48) has no blocks of 32: the column groups cannot hold it
     monkeypatch.setattr(choice, "_choice_dir", lambda build: tmp_path)
-    made = choose_kernels(_TINY)
+    made = choose_kernels(_TINY, make_engine=EngineCore)
     assert set(made.times_ms) == _candidates(blocks=False)
     groups = _candidates(blocks=True) - _candidates(blocks=False)
     assert set(made.dropped) == groups and not made.groups

@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 import torch.utils.cpp_extension
 
-from metronome_engine import KVPolicy, StepRequest, cpu, kernels, weights
+from metronome_engine import KVPolicy, StepRequest, cpu, kernels, paths
 from metronome_engine.kernels import KernelBuild, KernelBuildError
 from metronome_engine.vllm_backend import native
 
@@ -67,7 +67,7 @@ def fake_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str, 
     cpuinfo = tmp_path / "cpuinfo"
     monkeypatch.setattr(kernels, "_CPUINFO", cpuinfo)
     monkeypatch.setattr(cpu, "_CPUINFO", cpuinfo)
-    monkeypatch.setattr(weights, "cache_dir", lambda: tmp_path / "cache")
+    monkeypatch.setattr(paths, "cache_dir", lambda: tmp_path / "cache")
     for isa in kernels.ISAS:
         monkeypatch.setitem(kernels._builds, isa, KernelBuild(isa))
     monkeypatch.delenv(kernels.ISA_ENV, raising=False)

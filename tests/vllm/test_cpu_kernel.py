@@ -19,9 +19,10 @@ from vllm.v1.kv_cache_interface import KVCacheLayout
 
 from metronome_engine.vllm_backend import native
 from metronome_engine.vllm_backend.attention import WindowTiles, sink_window_attention, token_requests
-from metronome_engine.vllm_backend.attn_backend import SinkWindowTorchBackend, SinkWindowTorchImpl, select_backend
+from metronome_engine.vllm_backend.attn_backend import SinkWindowTorchBackend, SinkWindowTorchImpl
 from metronome_engine.vllm_backend.cpu_backend import SinkWindowCpuBackend, SinkWindowCpuImpl
 from metronome_engine.vllm_backend.positions import gap_blocks, in_cache_positions
+from metronome_engine.vllm_backend.selector import select_backend
 
 BLOCK = 32
 

@@ -43,6 +43,8 @@ from typing import Any, Literal, get_args
 
 import torch
 
+from .. import paths
+
 __all__ = [
     "ISA_ENV",
     "Isa",
@@ -207,14 +209,12 @@ class KernelBuild:
         return flags
 
     def build_dir(self) -> Path:
-        from ..weights import cache_dir
-
         key = hashlib.sha256()
         parts: list[bytes] = [src.read_bytes() for src in _SOURCES]
         parts += [torch.__version__.encode(), _cpu_flags().encode(), " ".join(self.cflags()).encode()]
         for part in parts:
             key.update(part)
-        return cache_dir() / "kernels" / key.hexdigest()[:16]
+        return paths.cache_dir() / "kernels" / key.hexdigest()[:16]
 
     def load(self) -> None:
         """Build (once per machine) and load; ``KernelBuildError`` says why not."""

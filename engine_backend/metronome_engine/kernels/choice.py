@@ -7,7 +7,9 @@ default native; x86-64-v3 is what an AVX2 machine's native build is, x86-64-v4 a
 machine's without tiles): on the float32 weights (the BLAS), or on AMX tiles where the build
 has them and the model has blocks; and, for a model with blocks on a build without tiles,
 the fused kernels with the dense layers read from column groups of 4-bit blocks
-(``-groups``, kernels/groups.cpp). Each candidate is made and run once before it is timed;
+(``-groups``, kernels/groups.cpp). Each candidate is an engine made by the ``make_engine``
+the caller passes (``EngineCore``: the engine asks this module, never the other way round),
+and is run once before it is timed;
 one that cannot run the model is left out (``KernelChoice.dropped`` says why), never timed
 or chosen. Each is timed on a model of the engine's shapes with random weights (GGUF-like
 4-bit blocks and an 8-bit head, or float32 for a model without blocks) in four regimes: a
@@ -30,20 +32,63 @@ import logging
 import math
 import statistics
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, cast
+from typing import TYPE_CHECKING, Literal, Protocol, cast
 
 import torch
 
 from . import Isa, KernelBuild, get_build
 
 if TYPE_CHECKING:
+    from ..backend import StepOutput, StepRequest
     from ..config import ModelConfig
-    from ..engine import EngineCore, StepPath
+    from ..kv_policy import KVPolicy
     from ..model import LlamaModel
 
-__all__ = ["REGIMES", "KernelChoice", "choose_kernels", "nearest_regime", "pick", "regime_paths"]
+__all__ = [
+    "REGIMES",
+    "EngineFactory",
+    "KernelChoice",
+    "StepPath",
+    "choose_kernels",
+    "nearest_regime",
+    "pick",
+    "regime_paths",
+]
+
+# what one step runs on: the torch path, the fused kernels on the float32 weights, or the
+# fused kernels with the dense layers read from column groups of blocks (model.pack_groups)
+StepPath = Literal["torch", "fused", "groups"]
+
+
+class Stepper(Protocol):
+    """What the timing needs of an engine (``EngineCore`` is one)."""
+
+    def add_sequence(self) -> int: ...
+
+    def step(self, requests: Sequence[StepRequest]) -> list[StepOutput]: ...
+
+    def free_sequence(self, seq_id: int) -> None: ...
+
+    def pin_paths(self, paths: Mapping[str, StepPath]) -> None: ...
+
+
+class EngineFactory(Protocol):
+    """Makes one candidate engine (``EngineCore`` itself is one)."""
+
+    def __call__(
+        self,
+        model: LlamaModel,
+        *,
+        policy: KVPolicy,
+        num_blocks: int,
+        block_size: int,
+        kernels: Literal["fused", "torch"],
+        isa: Isa | None,
+    ) -> Stepper: ...
+
 
 log = logging.getLogger(__name__)
 
@@ -131,9 +176,11 @@ def _cache_key(config: ModelConfig, builds: list[KernelBuild], blocks: bool) -> 
     return key.hexdigest()[:16]
 
 
-def choose_kernels(config: ModelConfig, isa: Isa | None = None, *, blocks: bool = True) -> KernelChoice:
+def choose_kernels(
+    config: ModelConfig, isa: Isa | None = None, *, blocks: bool = True, make_engine: EngineFactory
+) -> KernelChoice:
     """The measured choice for a model of ``config``'s shapes, with (``blocks``) or without
-    blocks that are its weights (cached on disk)."""
+    blocks that are its weights (cached on disk); ``make_engine`` makes the candidates."""
     builds = _candidate_builds(isa)
     if not builds:
         return KernelChoice("torch", None, {}, {}, torch.get_num_threads(), blocks=blocks)
@@ -146,7 +193,7 @@ def choose_kernels(config: ModelConfig, isa: Isa | None = None, *, blocks: bool 
             )
         except (OSError, ValueError, KeyError):
             pass  # a torn or old file: time again
-    choice = _measure(config, builds, blocks)
+    choice = _measure(config, builds, blocks, make_engine)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(choice.as_dict(), indent=1))
@@ -155,14 +202,14 @@ def choose_kernels(config: ModelConfig, isa: Isa | None = None, *, blocks: bool 
     return choice
 
 
-def _measure(config: ModelConfig, builds: list[KernelBuild], blocks: bool) -> KernelChoice:
+def _measure(config: ModelConfig, builds: list[KernelBuild], blocks: bool, make_engine: EngineFactory) -> KernelChoice:
     # (name, path, build) of each candidate
     candidates: list[tuple[str, StepPath, Isa | None]] = [("torch", "torch", None)]
     for b in builds:
         candidates.append((_name("fused", b.isa), "fused", b.isa))
         if blocks and not b.tiles_available():
             candidates.append((_name("fused", b.isa, groups=True), "groups", b.isa))
-    times, dropped = _time_paths(config, candidates, blocks)
+    times, dropped = _time_paths(config, candidates, blocks, make_engine)
     chosen, fastest = pick(times)
     isa = None if chosen == "torch" else cast(Isa, chosen.removeprefix("fused-").removesuffix("-groups"))
     path: Literal["fused", "torch"] = "torch" if chosen == "torch" else "fused"
@@ -181,7 +228,7 @@ def pick(times: dict[str, dict[str, float]]) -> tuple[str, dict[str, str]]:
 
 
 def _time_paths(
-    config: ModelConfig, candidates: list[tuple[str, StepPath, Isa | None]], blocks: bool
+    config: ModelConfig, candidates: list[tuple[str, StepPath, Isa | None]], blocks: bool, make_engine: EngineFactory
 ) -> tuple[dict[str, dict[str, float]], dict[str, str]]:
     """Candidate -> regime -> median ms, and candidate -> why it was left out. Each candidate
     is made and stepped once first: one that cannot run the model (the column groups of a
@@ -190,14 +237,13 @@ def _time_paths(
     comes and goes on a shared machine meets them all alike (timed one after the other, a
     busy minute once made the winner look 10x slower)."""
     from ..backend import StepRequest
-    from ..engine import EngineCore
     from ..kv_policy import KVPolicy
 
     gen = torch.Generator().manual_seed(0)
     vocab = config.vocab_size
     blocks_needed = sum(s * (-(-(c + n * (_REPS + 2)) // 16) + 1) for s, c, n in REGIMES.values())
     shared = _random_model(config, blocks=blocks)
-    engines: list[EngineCore] = []
+    engines: list[Stepper] = []
     timed: list[str] = []
     dropped: dict[str, str] = {}
     for name, path, isa in candidates:
@@ -206,7 +252,7 @@ def _time_paths(
             tiles = path == "fused" and blocks and get_build(isa).tiles_available()
             kernels: Literal["fused", "torch"] = "torch" if path == "torch" else "fused"
             model = _random_model(config, blocks=True) if tiles else shared
-            engine = EngineCore(
+            engine = make_engine(
                 model, policy=KVPolicy.full(), num_blocks=blocks_needed, block_size=16, kernels=kernels, isa=isa
             )
             if path == "groups":
@@ -240,7 +286,7 @@ def _time_paths(
     return out, dropped
 
 
-def _check_runs(engine: EngineCore, vocab: int) -> None:
+def _check_runs(engine: Stepper, vocab: int) -> None:
     """One prefill and one decode step of one session, with finite logits: ``ValueError`` if not."""
     from ..backend import StepRequest
 

@@ -44,7 +44,7 @@ from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
 
 from .attention import Rotate, WindowTiles, sink_pass, sink_window_attention, token_requests, write_kv
 
-__all__ = ["SinkWindowFlashBackend", "SinkWindowTorchBackend", "select_backend"]
+__all__ = ["SinkWindowFlashBackend", "SinkWindowTorchBackend"]
 
 TORCH_BACKEND_NAME = "METRONOME_SINK_WINDOW_TORCH"
 FLASH_BACKEND_NAME = "METRONOME_SINK_WINDOW_FLASH"
@@ -314,21 +314,6 @@ def SinkWindowFlashBackend() -> type[AttentionBackend]:
     if _flash is None:
         _flash = _flash_backend()
     return _flash
-
-
-def select_backend(head_size: int, dtype: torch.dtype, kv_cache_dtype: str) -> type[AttentionBackend]:
-    """FlashAttention's kernel for the window on CUDA; on CPU the C++ kernel reading the cache in
-    place where it serves the layer (float32, see ``cpu_backend``); the torch pass elsewhere."""
-    from vllm.platforms import current_platform
-
-    if current_platform.is_cuda():
-        return SinkWindowFlashBackend()
-    if current_platform.is_cpu():
-        from .cpu_backend import SinkWindowCpuBackend, usable
-
-        if usable(head_size, dtype, kv_cache_dtype):
-            return SinkWindowCpuBackend
-    return SinkWindowTorchBackend
 
 
 def register_backends() -> None:

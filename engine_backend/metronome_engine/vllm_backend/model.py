@@ -34,9 +34,9 @@ from vllm.v1.attention.backend import AttentionType
 from vllm.v1.kv_cache_interface import get_kv_quant_mode
 
 from .attention import Rotate
-from .attn_backend import select_backend
 from .kv_spec import SinkWindowSpec
 from .positions import in_cache_positions
+from .selector import select_backend
 
 __all__ = [
     "SinkWindowAttention",

@@ -48,7 +48,7 @@ def _cflags() -> list[str]:
 
 def _build_dir() -> Path:
     from ..kernels import _cpu_flags
-    from ..weights import cache_dir
+    from ..paths import cache_dir
 
     key = hashlib.sha256()
     for path in _KEYED:
