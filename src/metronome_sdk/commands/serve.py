@@ -21,6 +21,15 @@ def _add(p: argparse.ArgumentParser) -> None:
         "--idle-timeout", type=float, default=120.0, help="seconds before an idle named session closes (default 120)"
     )
     p.add_argument("--memory-mib", type=int, default=256, help="the KV block pool in MiB (default 256)")
+    p.add_argument(
+        "--replica-id",
+        default=None,
+        help="this server's name as one replica of many: an X-Metronome-Replica header and a replica metric label",
+    )
+    p.add_argument("--max-sessions", type=int, default=None, help="admit at most this many sessions at once")
+    p.add_argument(
+        "--min-sessions", type=int, default=None, help="never let the latency-driven cap fall below this many"
+    )
     p.epilog = f"Set ${TOKEN_ENV} to require 'Authorization: Bearer <token>' (the OpenAI client's api_key)."
 
 
@@ -31,13 +40,20 @@ def _run(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace) -> int:
     import os
 
-    from .. import Engine, EngineConfig, TimingConfig
+    from .. import AdmissionConfig, Engine, EngineConfig, TimingConfig
     from ..serve import ChatServer, ServeConfig
 
     token = os.environ.get(TOKEN_ENV) or None
     config = ServeConfig(
-        host=args.host, port=args.port, token=token, max_tokens=args.max_tokens, idle_timeout=args.idle_timeout
+        host=args.host,
+        port=args.port,
+        token=token,
+        max_tokens=args.max_tokens,
+        idle_timeout=args.idle_timeout,
+        replica_id=args.replica_id,
     )
+    caps = {"max_limit": args.max_sessions, "min_limit": args.min_sessions}
+    admission = AdmissionConfig(**{k: v for k, v in caps.items() if v is not None})
     if args.memory_mib < 1:
         raise ValueError(f"--memory-mib must be >= 1, got {args.memory_mib}")
     engine_config = EngineConfig(kv="window", window=args.window, sinks=args.sinks, memory_bytes=args.memory_mib << 20)
@@ -47,7 +63,7 @@ async def _serve(args: argparse.Namespace) -> int:
     # short prefill chunks, so that a long prompt never holds the metronome for long on a CPU
     timing = TimingConfig(period=0.08, max_chunk_tokens=16)
     with stop_on_signals() as stop:
-        async with Engine(engine_config, timing=timing) as engine:
+        async with Engine(engine_config, timing=timing, admission=admission) as engine:
             server = ChatServer(engine, config)
             await serve_until(
                 stop, server, f"{args.host}:{args.port}", "serving {url}  (OpenAI base_url; Ctrl-C stops)"

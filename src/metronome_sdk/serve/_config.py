@@ -3,9 +3,23 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass, field
 
-__all__ = ["ServeConfig"]
+__all__ = ["ServeConfig", "check_replica_id"]
+
+_REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
+
+
+def check_replica_id(value: object) -> None:
+    """``ValueError`` unless ``value`` is a name fit for a header and a Prometheus label value."""
+    if value is None:
+        return
+    if not isinstance(value, str) or not _REPLICA_ID.fullmatch(value):
+        raise ValueError(
+            f"replica_id must be 1-63 letters, digits, '.', '_' or '-' starting with a letter or digit, "
+            f"got {value!r}; try the pod or host name"
+        )
 
 
 def _number(name: str, value: object, *, low: float, hint: str, open_low: bool = True) -> None:
@@ -38,6 +52,8 @@ class ServeConfig:
     (``Session.decode_tokens``; more streams text faster than one token a tick, at the
     cost of a longer step). ``stall_retry_after``: the wait advised with a 503 when
     the engine stalled before the first token. ``model`` is the name responses carry.
+    ``replica_id``: this server's name as one replica of many (``X-Metronome-Replica`` on
+    every response, a ``replica`` label on every metric; docs/serving-many.md).
     """
 
     host: str = "127.0.0.1"
@@ -51,6 +67,7 @@ class ServeConfig:
     stall_retry_after: float = 1.0
     decode_tokens: int = 1
     model: str = "metronome"
+    replica_id: str | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -70,6 +87,7 @@ class ServeConfig:
         _number("stall_retry_after", self.stall_retry_after, low=0, hint="try 1.0 (seconds)")
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model must be a non-empty str, got {self.model!r}")
+        check_replica_id(self.replica_id)
 
     def __repr__(self) -> str:
         token = "set" if self.token else "none"

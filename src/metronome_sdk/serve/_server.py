@@ -14,7 +14,8 @@ stream; ``CacheExhausted`` is 400 with ``x-should-retry: false``. Bad input is 4
 401 without the token, 413 past ``max_body``, 415 when not sent as JSON.
 ``DELETE /v1/sessions/{key}`` closes a named session at once (the call ended); one
 idle for ``idle_timeout`` closes by itself. ``GET /metrics`` (Prometheus: the engine's
-and the server's), ``GET /healthz``.
+and the server's), ``GET /healthz``; as one replica of many, ``/readyz`` and the
+``X-Metronome-Replica`` header (``_replica.py``).
 
 Why this module is past 400 lines: it is one HTTP API, whose routes share one session
 registry, one set of refusal rules and one writer for streamed and whole replies; the
@@ -46,12 +47,14 @@ from ..integrations._errors import ErrorMapping, error_mapping, retry_after_seco
 from . import _openai as oai
 from ._config import ServeConfig
 from ._metrics import ServeMetrics
+from ._replica import Replica
 from ._sessions import Named, SessionRegistry
 
 __all__ = ["ChatServer"]
 
 _INTERRUPTED = ErrorMapping("Interrupted", 409, "interrupted", "UNKNOWN", False)
 _SHUTTING_DOWN = ErrorMapping("ServerShuttingDown", 503, "server_error", "SERVER", True)
+_NOT_HERE = ErrorMapping("SessionNotFound", 404, "invalid_request_error", "INVALID_REQUEST", False)
 
 
 def _headers(row: ErrorMapping, retry_after: float | None) -> dict[str, str]:
@@ -119,6 +122,13 @@ class ChatServer:
         self.app.router.add_get("/v1/models", self._models)
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_get("/healthz", self._healthz)
+        self.replica = Replica(
+            engine,
+            name=self.config.replica_id,
+            live=lambda: not self._closing,
+            retry_after=self.config.stall_retry_after,
+        )
+        self.replica.install(self.app)  # X-Metronome-Replica on every response, /readyz
 
     # lifecycle -----------------------------------------------------------------------------------
 
@@ -264,6 +274,9 @@ class ChatServer:
             await asyncio.shield(conversation.aclose())
 
     async def _named(self, request: web.Request, req: oai.ChatRequest, key: str) -> web.StreamResponse:
+        if self.replica.declines(self._registry.find(key) is not None, req.messages):
+            # the balancer walked past the replica that holds it (full, or gone): the next one may
+            return _error_response(_NOT_HERE, f"replica {self.config.replica_id} holds no session {key!r}")
         entry = self._registry.entry(key)
         if entry.reply is not None:
             entry.reply.cancel()  # a newer turn on this session: the caller spoke again
@@ -451,7 +464,7 @@ class ChatServer:
         if refused is not None:
             return refused
         self.metrics.named_sessions.set(len(self._registry))
-        body = self.engine.metrics.text() + self.metrics.text()
+        body = self.replica.exposition([self.engine.metrics.registry, self.metrics.registry])
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def _healthz(self, request: web.Request) -> web.Response:
