@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
 
-.PHONY: venv test test-slow test-browser test-vllm demo espeak chromium bench lint typecheck docs clean
+.PHONY: venv test test-slow test-browser test-vllm demo espeak chromium nginx bench lint typecheck docs clean
 
 venv: $(STAMP)
 
@@ -47,7 +47,8 @@ test: $(STAMP) espeak lint typecheck docs
 	$(VENV)/bin/pytest -m "$(TEST_MARKS)"
 	$(PY) tests/run_each_build.py -m "$(TEST_MARKS)" tests/engine
 
-test-slow: $(STAMP) espeak
+# nginx: the replicas test (tests/serve/test_replicas.py) starts its own on loopback
+test-slow: $(STAMP) espeak nginx
 	$(PYTEST_MARKED) "slow and not browser and not vllm"
 
 # headless Chromium against the demo page (tests/webrtc/cdp.py drives /usr/bin/chromium)
@@ -85,6 +86,10 @@ espeak:
 
 chromium:
 	@$(APT_INSTALL) chromium chromium
+
+# the binary only: the tests run it as a child with their own config, never as a service
+nginx:
+	@$(APT_INSTALL) nginx nginx
 
 demo: $(STAMP)
 	$(VENV)/bin/metronome demo

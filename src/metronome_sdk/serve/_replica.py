@@ -117,6 +117,9 @@ class Replica:
             "headroom": room,
             "sessions": stats.sessions,
             "limit": stats.limit,
+            "memory_limit": stats.memory_limit,
+            "used_blocks": stats.used_blocks,
+            "pool_blocks": stats.pool_blocks,
         }
         if room > 0:
             return web.json_response(body)
