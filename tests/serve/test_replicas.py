@@ -149,10 +149,13 @@ async def test_two_replicas_behind_nginx_spill_refuse_and_fail_alone(tmp_path: P
     if nginx is None:
         pytest.fail("nginx is not installed: `make nginx` (make test-slow does) installs Debian's")
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+
+    def replica_argv(name: str) -> list[str]:
+        argv = [sys.executable, "-m", "metronome_sdk.cli", "serve", "--replica-id", name]
+        return [*argv, "--max-sessions", str(CAP), "--min-sessions", str(CAP), "--max-tokens", "6"]
+
     for name in ("a", "b"):
-        argv = [sys.executable, "-m", "metronome_sdk.cli", "serve", "--port", "0", "--replica-id", name]
-        argv += ["--max-sessions", str(CAP), "--min-sessions", str(CAP), "--max-tokens", "6"]
-        children.append(_start(name, argv, tmp_path, env))
+        children.append(_start(name, [*replica_argv(name), "--port", "0"], tmp_path, env))
     replicas: dict[str, Child] = {c.name: c for c in children}
     ports: dict[str, int] = {}
     for name, child in replicas.items():  # both load the model at once
@@ -224,19 +227,31 @@ async def test_two_replicas_behind_nginx_spill_refuse_and_fail_alone(tmp_path: P
                 assert (await _chat(client, key, history))[0] == "b"
         assert await _healthz(http, ports["b"]) == (CAP, None)
 
-        # the survivors end their calls: every block goes back to b's pool
-        for key, (replica, _) in opened.items():
-            if replica == "b":
-                r = await http.delete(f"{base}/v1/sessions/{key}")
-                assert r.status_code == 200 and r.headers[HEADER] == "b", r.text
-        assert await _healthz(http, ports["b"]) == (0, 0)
+        # with a gone and b full, a new call is refused, still with Retry-After
+        with pytest.raises(openai.RateLimitError) as full:
+            await _chat(client, to_a[0], HELLO)
+        assert full.value.response.headers[HEADER] == "b" and int(full.value.response.headers["Retry-After"]) >= 1
 
-    for child in (replicas["b"], proxy):
-        child.proc.send_signal(signal.SIGINT if child is not proxy else signal.SIGQUIT)
-    assert replicas["b"].proc.wait(timeout=60) == 0, replicas["b"].text()
-    assert proxy.proc.wait(timeout=30) == 0, proxy.text()
-    assert "Traceback" not in replicas["b"].text()
-    assert "Traceback" not in replicas["a"].text()  # it was killed, it did not fail
+        # a comes back on its address and takes new sessions again (its old ones stay gone)
+        argv = [*replica_argv("a"), "--port", str(ports["a"])]
+        children.append(revived := _start("a-again", argv, tmp_path, env))
+        await _wait_for(revived, "serving http://127.0.0.1:", 400)
+        reopened = await _chat(client, to_a[0], HELLO)
+        assert reopened[0] == "a"
+
+        # every call ends: every block goes back to its replica's pool
+        for key in [to_a[0], *(k for k, (replica, _) in opened.items() if replica == "b")]:
+            r = await http.delete(f"{base}/v1/sessions/{key}")
+            assert r.status_code == 200, r.text
+        assert await _healthz(http, ports["b"]) == (0, 0) and await _healthz(http, ports["a"]) == (0, 0)
+
+    for child in (replicas["b"], revived):
+        child.proc.send_signal(signal.SIGINT)
+    proxy.proc.send_signal(signal.SIGQUIT)  # nginx's graceful stop
+    for child in (replicas["b"], revived, proxy):
+        assert child.proc.wait(timeout=60) == 0, child.text()
+    for child in (replicas["a"], replicas["b"], revived):
+        assert "Traceback" not in child.text(), child.text()  # a was killed; it did not fail
 
 
 async def _healthz(http: httpx2.AsyncClient, port: int) -> tuple[int, int | None]:
