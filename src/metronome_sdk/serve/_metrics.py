@@ -32,6 +32,11 @@ class ServeMetrics:
         self.idle_closed = Counter(
             "metronome_serve_sessions_idle_closed_total", "Named sessions closed for being idle", registry=r
         )
+        self.admission_headroom = Gauge(
+            "metronome_admission_headroom",
+            "Sessions admission would admit now: the cap less the sessions in flight (0 while the engine is down)",
+            registry=r,
+        )
 
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -74,20 +74,18 @@ class Replica:
     ``name``: the replica id (``None``: a lone server, no header and no label).
     ``live``: whether the server takes requests at all (not shutting down).
     ``retry_after``: the wait ``/readyz`` advises while the replica is full.
+    ``headroom``: the gauge (the server's ``metronome_admission_headroom``) it keeps current.
     """
 
-    def __init__(self, engine: Engine, *, name: str | None, live: Callable[[], bool], retry_after: float) -> None:
+    def __init__(
+        self, engine: Engine, *, name: str | None, live: Callable[[], bool], retry_after: float, headroom: Gauge
+    ) -> None:
         check_replica_id(name)
         self.engine = engine
         self.name = name
         self._live = live
         self._retry_after = retry_after
-        self.registry = CollectorRegistry(auto_describe=True)
-        self.headroom = Gauge(
-            "metronome_admission_headroom",
-            "Sessions admission would admit now: the cap less the sessions in flight (0 while the engine is down)",
-            registry=self.registry,
-        )
+        self.headroom = headroom
 
     def install(self, app: web.Application) -> None:
         app.on_response_prepare.append(self._label)
@@ -127,6 +125,6 @@ class Replica:
         return web.json_response(body, status=503, headers=headers)
 
     def exposition(self, registries: Sequence[CollectorRegistry]) -> bytes:
-        """The Prometheus text of ``registries`` and the headroom gauge, labelled with the replica."""
+        """The Prometheus text of ``registries``, labelled with the replica (the headroom read now)."""
         self._headroom()
-        return generate_latest(_Labelled([*registries, self.registry], self.name))
+        return generate_latest(_Labelled(registries, self.name))

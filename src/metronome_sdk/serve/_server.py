@@ -127,6 +127,7 @@ class ChatServer:
             name=self.config.replica_id,
             live=lambda: not self._closing,
             retry_after=self.config.stall_retry_after,
+            headroom=self.metrics.admission_headroom,
         )
         self.replica.install(self.app)  # X-Metronome-Replica on every response, /readyz
 
