@@ -6,7 +6,8 @@ lose the shared admission cap: by default the plugin talks to one Metronome serv
 ``MetronomeLLM`` is one named session on it (``X-Metronome-Session``), so the server holds
 the conversation and appends only what is new; create one per agent session, and
 ``aclose()`` it when the call ends (the session is closed on the server then, not at its
-idle timeout).
+idle timeout). ``worker_options()`` (``_dispatch.py``) makes LiveKit dispatch jobs by
+Metronome's admission headroom rather than the machine's CPU.
 
 ``MetronomeLLM(engine=...)`` serves the chats from an engine in this process instead,
 for programs that run their agent sessions on one event loop (the engine's): one session
@@ -43,9 +44,10 @@ from .._engine import Engine
 from .._exceptions import MetronomeError
 from .._session import Interrupted
 from ._conversation import Conversation, new_turns, split_system
+from ._dispatch import AdmissionLoad, admission_load, worker_options
 from ._errors import error_mapping, retry_after_seconds
 
-__all__ = ["MetronomeLLM", "MetronomeLLMStream", "chat_turns"]
+__all__ = ["AdmissionLoad", "MetronomeLLM", "MetronomeLLMStream", "admission_load", "chat_turns", "worker_options"]
 
 SESSION_HEADER = "X-Metronome-Session"
 
