@@ -98,8 +98,14 @@ async def test_the_worker_reports_a_servers_admission_load(engine: Engine) -> No
 async def test_a_server_that_does_not_answer_is_full(engine: Engine) -> None:
     async with await serving(engine) as server:
         load = AdmissionLoad(base_url=server.url)
-        assert await anyio.to_thread.run_sync(load) == 0.0
+        held = engine.try_session()
+        assert await anyio.to_thread.run_sync(load) == 0.5
+        # behind a balancer: the least loaded replica's load (here the other one is gone)
+        fleet = AdmissionLoad(base_url=[server.url, "http://127.0.0.1:9/v1"])
+        assert await anyio.to_thread.run_sync(fleet) == 0.5
+        await held.aclose()
     assert await anyio.to_thread.run_sync(load) == 1.0  # gone: LiveKit sends this worker nothing
+    assert await anyio.to_thread.run_sync(fleet) == 1.0
     await engine.aclose()
     assert AdmissionLoad(engine=engine)() == 1.0  # an engine that closed admits no one
 
@@ -120,7 +126,8 @@ def test_bad_options_are_refused_when_made() -> None:
     for bad in (0, 1.5, True, "1"):
         with pytest.raises(ValueError, match="load_threshold"):
             worker_options(_entry, load_threshold=bad)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="base_url"):
-        AdmissionLoad(base_url="localhost:8000")
+    for bad_url in ("localhost:8000", [], ["http://a/v1", 7]):
+        with pytest.raises(ValueError, match="base_url"):
+            AdmissionLoad(base_url=bad_url)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="timeout"):
         AdmissionLoad(timeout=0)

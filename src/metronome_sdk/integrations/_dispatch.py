@@ -18,7 +18,7 @@ import json
 import math
 import urllib.error
 import urllib.request
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any
 
 from livekit.agents import JobContext, WorkerOptions
@@ -70,32 +70,42 @@ class AdmissionLoad:
     """A ``load_fnc`` for LiveKit's ``WorkerOptions``: Metronome's admission load (see the module).
 
     ``base_url``: the ``metronome serve`` whose ``/readyz`` is read (``MetronomeLLM``'s
-    ``base_url``; ``/v1`` is dropped); a server that does not answer within ``timeout``
-    seconds counts as full, so LiveKit sends no job to a worker whose engine it cannot reach.
+    ``base_url``; ``/v1`` is dropped), or the replicas behind the balancer the workers talk
+    to: then the load is the least loaded replica's, as a new session spills to any replica
+    with room. A server that does not answer within ``timeout`` seconds counts as full, so
+    LiveKit sends no job to a worker whose engine it cannot reach.
     ``engine``: an engine in this process instead; make the ``AdmissionLoad`` on the engine's
     event loop, which it asks for the engine's stats (LiveKit calls from another thread).
     """
 
     def __init__(
-        self, *, base_url: str = "http://127.0.0.1:8000/v1", engine: Engine | None = None, timeout: float = 1.0
+        self,
+        *,
+        base_url: str | Sequence[str] = "http://127.0.0.1:8000/v1",
+        engine: Engine | None = None,
+        timeout: float = 1.0,
     ) -> None:
         if engine is not None and not isinstance(engine, Engine):
             raise ValueError(f"engine must be a metronome Engine, got {type(engine).__name__}")
-        if not base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must be an http(s) URL like 'http://127.0.0.1:8000/v1', got {base_url!r}")
+        urls = [base_url] if isinstance(base_url, str) else list(base_url)
+        if not urls or not all(isinstance(u, str) and u.startswith(("http://", "https://")) for u in urls):
+            raise ValueError(f"base_url must be http(s) URLs like 'http://127.0.0.1:8000/v1', got {base_url!r}")
         seconds = not isinstance(timeout, bool) and isinstance(timeout, int | float) and math.isfinite(timeout)
         if not seconds or timeout <= 0:
             raise ValueError(f"timeout must be seconds > 0, got {timeout!r}")
         self.engine = engine
-        self.url = base_url.rstrip("/").removesuffix("/v1") + "/readyz"
+        self.urls = tuple(u.rstrip("/").removesuffix("/v1") + "/readyz" for u in urls)
         self.timeout = float(timeout)
         self._loop = asyncio.get_running_loop() if engine is not None else None
 
     def __call__(self) -> float:
         if self.engine is not None:
             return self._engine_load(self.engine)
+        return min(self._server_load(url) for url in self.urls)
+
+    def _server_load(self, url: str) -> float:
         try:
-            with urllib.request.urlopen(self.url, timeout=self.timeout) as response:
+            with urllib.request.urlopen(url, timeout=self.timeout) as response:
                 return _from_readiness(json.load(response))
         except urllib.error.HTTPError as exc:  # 503: full, or going away; the body says which
             with exc:
@@ -130,13 +140,13 @@ class AdmissionLoad:
             return FULL
 
     def __repr__(self) -> str:
-        return f"AdmissionLoad({'engine' if self.engine is not None else self.url})"
+        return f"AdmissionLoad({'engine' if self.engine is not None else ', '.join(self.urls)})"
 
 
 def worker_options(
     entrypoint: Callable[[JobContext], Awaitable[None]],
     *,
-    base_url: str = "http://127.0.0.1:8000/v1",
+    base_url: str | Sequence[str] = "http://127.0.0.1:8000/v1",
     engine: Engine | None = None,
     load_threshold: float = FULL,
     **options: Any,
