@@ -8,6 +8,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from metronome_sdk import Engine
+from metronome_sdk.cli import main
 from metronome_sdk.serve import ChatServer, ServeConfig
 from tests.serve.conftest import TOKEN, serving
 
@@ -157,3 +158,19 @@ def test_a_replica_id_is_checked_when_made(bad: object) -> None:
     with pytest.raises(ValueError, match="replica_id"):
         ServeConfig(replica_id=bad)  # type: ignore[arg-type]
     assert ServeConfig(replica_id="pod-7.zone_a").replica_id == "pod-7.zone_a"
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (["--replica-id", "no spaces"], "replica_id"),
+        (["--max-sessions", "0"], "--max-sessions must be >= 1"),
+        (["--min-sessions", "3", "--max-sessions", "2"], "--min-sessions 3 exceeds --max-sessions 2"),
+    ],
+)
+def test_the_serve_command_refuses_bad_replica_flags_before_loading(
+    argv: list[str], says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["serve", "--port", "0", *argv]) == 2
+    err = capsys.readouterr().err
+    assert says in err and "loading the model" not in err

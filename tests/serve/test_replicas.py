@@ -176,6 +176,15 @@ async def test_two_replicas_behind_nginx_spill_refuse_and_fail_alone(tmp_path: P
         httpx2.AsyncClient(timeout=120) as http,
         openai.AsyncOpenAI(base_url=f"{base}/v1", api_key="unused", max_retries=0, timeout=120) as client,
     ):
+        # a request with no key is a session of its own: round robin over the replicas
+        one_off = []
+        for _ in range(4):
+            raw = await client.chat.completions.with_raw_response.create(
+                model="metronome", messages=HELLO, max_tokens=2
+            )
+            one_off.append(raw.headers[HEADER])
+        assert sorted(set(one_off)) == ["a", "b"], one_off
+
         # four keys that hash first to a, two more: a takes two, the other two must spill to b
         to_a: list[str] = []
         others: list[str] = []

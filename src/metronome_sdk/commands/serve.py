@@ -52,6 +52,11 @@ async def _serve(args: argparse.Namespace) -> int:
         idle_timeout=args.idle_timeout,
         replica_id=args.replica_id,
     )
+    for flag, value in (("--max-sessions", args.max_sessions), ("--min-sessions", args.min_sessions)):
+        if value is not None and value < 1:
+            raise ValueError(f"{flag} must be >= 1, got {value}")
+    if args.max_sessions is not None and args.min_sessions is not None and args.min_sessions > args.max_sessions:
+        raise ValueError(f"--min-sessions {args.min_sessions} exceeds --max-sessions {args.max_sessions}")
     caps = {"max_limit": args.max_sessions, "min_limit": args.min_sessions}
     admission = AdmissionConfig(**{k: v for k, v in caps.items() if v is not None})
     if args.memory_mib < 1:

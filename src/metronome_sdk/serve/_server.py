@@ -122,14 +122,14 @@ class ChatServer:
         self.app.router.add_get("/v1/models", self._models)
         self.app.router.add_get("/metrics", self._metrics)
         self.app.router.add_get("/healthz", self._healthz)
-        self.replica = Replica(
+        self._replica = Replica(
             engine,
             name=self.config.replica_id,
             live=lambda: not self._closing,
             retry_after=self.config.stall_retry_after,
             headroom=self.metrics.admission_headroom,
         )
-        self.replica.install(self.app)  # X-Metronome-Replica on every response, /readyz
+        self._replica.install(self.app)  # X-Metronome-Replica on every response, /readyz
 
     # lifecycle -----------------------------------------------------------------------------------
 
@@ -275,7 +275,7 @@ class ChatServer:
             await asyncio.shield(conversation.aclose())
 
     async def _named(self, request: web.Request, req: oai.ChatRequest, key: str) -> web.StreamResponse:
-        if self.replica.declines(self._registry.find(key) is not None, req.messages):
+        if self._replica.declines(self._registry.find(key) is not None, req.messages):
             # the balancer walked past the replica that holds it (full, or gone): the next one may
             return _error_response(_NOT_HERE, f"replica {self.config.replica_id} holds no session {key!r}")
         entry = self._registry.entry(key)
@@ -465,7 +465,7 @@ class ChatServer:
         if refused is not None:
             return refused
         self.metrics.named_sessions.set(len(self._registry))
-        body = self.replica.exposition([self.engine.metrics.registry, self.metrics.registry])
+        body = self._replica.exposition([self.engine.metrics.registry, self.metrics.registry])
         return web.Response(body=body, content_type="text/plain", charset="utf-8")
 
     async def _healthz(self, request: web.Request) -> web.Response:
