@@ -28,12 +28,12 @@ import anyio.lowlevel
 
 from metronome_engine import SamplingParams
 
-from ._channel import SessionChannel, State
+from ._core.channel import ChannelState, SessionChannel
+from ._core.state import SessionState
 from ._engine import Engine
 from ._exceptions import EngineClosed, SessionClosed, TurnInterrupted
 from ._frames import InputFrame, OutputFrame
 from ._log import get_logger
-from ._state import Slot
 from ._stats import SessionStats
 
 __all__ = ["Interrupted", "Session"]
@@ -119,7 +119,7 @@ class Session:
         self._timeout = timeout
         self._pin_system_prompt = pin_system_prompt
         self._log = get_logger(session_id=self.id)
-        self._slot: Slot | None = None
+        self._slot: SessionState | None = None
         self._closed = False
         self.decode_tokens = decode_tokens
 
@@ -232,21 +232,21 @@ class Session:
             # outside the shield: a task group exits in the cancel scope that entered it (its close is shielded)
             await engine.__aexit__(None, None, None)
 
-    def _require_slot(self) -> Slot:
+    def _require_slot(self) -> SessionState:
         if self._slot is None:
             raise SessionClosed(
                 f"session {self.id} is not open; use `async with` or await open() first", session_id=self.id
             )
         return self._slot
 
-    def _check_open(self) -> Slot:
+    def _check_open(self) -> SessionState:
         slot = self._require_slot()
         channel = slot.channel
         if channel.error is not None:
             raise channel.error
-        if channel.state is State.ENGINE_CLOSED:
+        if channel.state is ChannelState.ENGINE_CLOSED:
             raise EngineClosed(f"session {self.id} cannot be used: its engine was closed", session_id=self.id)
-        if self._closed or channel.state is not State.OPEN:
+        if self._closed or channel.state is not ChannelState.OPEN:
             raise SessionClosed(f"session {self.id} cannot be used: it was closed", session_id=self.id)
         return slot
 
@@ -298,7 +298,7 @@ class Session:
         token, which goes with the next frame). Cancelled while waiting, the turn still goes in."""
         tokens = self.append_nowait(text)
         slot = self._require_slot()
-        while slot.prefill:
+        while slot.context_ahead:
             self._check_open()
             await slot.channel.changed()
         await anyio.lowlevel.checkpoint()

@@ -1,8 +1,14 @@
-"""The state the engine's parts share: each admitted session's slot, the core, the pool.
+"""The state the engine's parts share: each admitted session's state, the core, the pool.
 
-A ``Slot`` is the engine's record of one admitted session: its sequence in the core and its
-KV numbers. The session's queues live in its ``SessionChannel``; the slot is the engine-side
-half, which only the engine, its tick loop and its delivery write.
+A ``SessionState`` is the engine's record of one admitted session: its sequence in the core,
+its KV numbers, and the context queued ahead of its frames. The session's queues live in its
+``SessionChannel``; this is the engine-side half, which only the engine, its tick loop and its
+delivery write.
+
+Context queued for a session (a system prompt, a turn given with ``Session.append``) waits in
+two places: ``context_ahead``, appended by the tick loop in ticks of its own before the
+session's next frame, and ``with_next_frame``, which goes into that frame's chunk (the
+context's last token at least, so that an empty frame has a token to go on from).
 """
 
 from __future__ import annotations
@@ -12,21 +18,21 @@ from typing import Any
 
 from metronome_engine import EngineBackend, PoolStats, SamplingParams
 
-from ._channel import SessionChannel
-from ._memory import ConversationMemory
-from ._worker import CoreThread
+from .channel import SessionChannel
+from .memory import ConversationMemory
+from .worker import CoreThread
 
-__all__: list[str] = []  # internal: Slot, Shared
+__all__: list[str] = []  # internal: SessionState, EngineState
 
 
 @dataclass(slots=True, eq=False)
-class Slot:
+class SessionState:
     session_id: int
     channel: SessionChannel
     sampling: SamplingParams | None
     log: Any  # the session's bound logger
-    prefix: list[int] = field(default_factory=list)  # context (a system prompt, a turn) going with the next frame
-    prefill: list[int] = field(default_factory=list)  # context appended before it (prompt_at_open, Session.append)
+    with_next_frame: list[int] = field(default_factory=list)  # context that goes in with the next frame
+    context_ahead: list[int] = field(default_factory=list)  # context appended before it, in ticks of its own
     rendered: bool = False  # the chat template's preamble was sent
     memory: ConversationMemory | None = None  # what its model still sees (docs/sessions.md)
     pinned_blocks: int = 0  # blocks the pinned prompt adds to the session's bound (the memory guard counts them)
@@ -47,12 +53,12 @@ class Slot:
 
 
 @dataclass(slots=True, eq=False)
-class Shared:
+class EngineState:
     """What the engine, its tick loop and its delivery all read: one object, not each other's privates."""
 
     core: EngineBackend
     worker: CoreThread
     pool: PoolStats
     session_blocks: int | None  # a session's bound in blocks; None: unbounded (kv="full")
-    slots: dict[int, Slot] = field(default_factory=dict)  # the admitted sessions, by session id
+    sessions: dict[int, SessionState] = field(default_factory=dict)  # the admitted sessions, by session id
     closed: bool = False

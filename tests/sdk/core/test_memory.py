@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from metronome_engine import EngineCore, KVPolicy, ModelConfig, PoolStats, SamplingParams, StepOutput, StepRequest
 from metronome_sdk import AdmissionConfig, AdmissionRejected, CacheExhausted, Engine, TimingConfig
-from metronome_sdk._memory import ConversationMemory
+from metronome_sdk._core.memory import ConversationMemory
 from tests.engine.tiny import tiny_engine
 from tests.sdk.conftest import CharTokenizer, make_engine
 
