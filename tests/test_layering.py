@@ -145,9 +145,8 @@ def test_the_graph_sees_the_imports_it_checks() -> None:
     edges = graph(import_time_only=True)
     assert "metronome_sdk._core.tick" in edges["metronome_sdk._engine"]
     assert "metronome_engine" in edges["metronome_sdk._engine"]
-    assert "metronome_sdk._engine" in edges["metronome_sdk._session"]
-    assert "metronome_sdk._session" not in edges["metronome_sdk._engine"]  # only inside Engine.session()
-    assert "metronome_sdk._session" in graph(import_time_only=False)["metronome_sdk._engine"]
+    assert "metronome_sdk._session" in edges["metronome_sdk._engine"]  # Engine.session() makes sessions
+    assert "metronome_sdk._core.link" in edges["metronome_sdk._session"]
 
 
 def test_a_module_past_about_400_lines_says_why() -> None:
@@ -162,3 +161,16 @@ def test_a_module_past_about_400_lines_says_why() -> None:
             if "past 400 lines" not in doc:
                 long[name] = text.count("\n")
     assert not long, f"modules past ~400 lines that do not say why (split them, or say why): {long}"
+
+
+# --- issue 36 (the tick loop in _core/, one owner per session): kept apart for merging -----------
+
+
+def test_a_session_reaches_its_engine_only_through_its_link() -> None:
+    """``_session.py`` imports neither ``_engine.py`` nor the loop's parts, even inside a function."""
+    edges = graph(import_time_only=False)["metronome_sdk._session"]
+    assert "metronome_sdk._engine" not in edges
+    assert {t for t in edges if t.startswith("metronome_sdk._core.")} == {
+        "metronome_sdk._core.channel",
+        "metronome_sdk._core.link",
+    }

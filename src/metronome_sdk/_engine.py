@@ -27,7 +27,6 @@ import math
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
@@ -44,6 +43,7 @@ from ._core.counters import Counters, Fault
 from ._core.delivery import Delivery
 from ._core.door import AdmissionDoor
 from ._core.encoding import InputEncoder
+from ._core.link import LinkServices, SessionHost, SessionLink, SessionRequest
 from ._core.model_admission import ModelAdmitter
 from ._core.state import EngineState, SessionState
 from ._core.tick import TickLoop
@@ -54,19 +54,16 @@ from ._exceptions import (
     MetronomeError,
     StallReason,
 )
-from ._frames import InputFrame
 from ._loading import load_core, load_tokenizer
 from ._log import get_logger
 from ._metrics import EngineMetrics
+from ._session import Session
 from ._stats import EngineStats, TickReport
-
-if TYPE_CHECKING:
-    from ._session import Session
 
 __all__ = ["Engine"]
 
 
-class Engine:
+class Engine(SessionHost, embedded=True):
     """Serves sessions from one engine core on a metronome.
 
     Give ``config`` to build the embedded engine (the model loads on a worker thread
@@ -127,6 +124,7 @@ class Engine:
         self._encoder: InputEncoder | None = None
         self._door: AdmissionDoor | None = None
         self._loop: TickLoop | None = None
+        self._services: LinkServices | None = None  # what every session's link reaches
 
     # lifecycle -----------------------------------------------------------------------------------
 
@@ -266,6 +264,16 @@ class Engine:
             fail=self._fail,
         )
         self._encoder, self._door, self._admitter = encoder, door, admitter
+        counters = self._counters
+        self._services = LinkServices(
+            encoder=encoder,
+            tokenizer=self._tokenizer,
+            clock=self._clock,
+            retry_after=self.timing.period,
+            wake=self._wake_loop,
+            input_refused=lambda: counters.fault(Fault.INPUT_REFUSED),
+            release=self._release,
+        )
         self._shared = shared
         self._counters.limit(admitter.limit)
         self._log.info("engine.started", policy=repr(core.policy), pool_blocks=pool.num_blocks, session_blocks=bound)
@@ -388,8 +396,6 @@ class Engine:
         pin_system_prompt: bool = True,
     ) -> Session:
         """A session on this engine, opened by ``async with`` (waits up to ``timeout`` for room)."""
-        from ._session import Session
-
         return Session(
             system_prompt,
             engine=self,
@@ -412,48 +418,50 @@ class Engine:
             system_prompt, sampling=sampling, decode_tokens=decode_tokens, pin_system_prompt=pin_system_prompt
         ).open_nowait()
 
-    async def _admit(
-        self,
-        channel: SessionChannel,
-        system_prompt: str | None,
-        sampling: Any,
-        log: Any,
-        timeout: float | None,
-        pin_system_prompt: bool = True,
-    ) -> SessionState:
-        """Wait (up to ``timeout``) for room; the session's slot, or ``AdmissionRejected``."""
+    async def open_link(self, request: SessionRequest, *, timeout: float | None = None) -> SessionLink:
+        """Admit a session, waiting up to ``timeout`` for room: its link, or ``AdmissionRejected``.
+
+        What ``Session.open()`` calls; applications open sessions with ``session()``.
+        """
         await self.start()
-        self._check_serving(channel.session_id)
+        self._check_serving(request.session_id)
         assert self._door is not None
         wait = self.admission_config.queue_timeout if timeout is None else timeout
-        slot = await self._door.wait(channel, system_prompt, sampling, log, wait, pin_system_prompt)
-        self._check_serving(channel.session_id)  # the engine may have closed while the session waited
-        return self._prefill_soon(slot)
+        state = await self._door.wait(self._channel(request), request, wait)
+        self._check_serving(request.session_id)  # the engine may have closed while the session waited
+        return self._link(state)
 
-    def _admit_nowait(
-        self,
-        channel: SessionChannel,
-        system_prompt: str | None,
-        sampling: Any,
-        log: Any,
-        pin_system_prompt: bool = True,
-    ) -> SessionState:
+    def open_link_nowait(self, request: SessionRequest) -> SessionLink:
+        """Admit a session now or raise ``AdmissionRejected`` at once (``Session.open_nowait()``)."""
         if not self._started:
             if self._needs_load():
                 raise RuntimeError("the engine has not loaded its model yet; enter it first (async with engine)")
             # no tick has run, so no step can race these two core calls on the event loop
             core = self._require_core()
             self._start_now(core, *self._sizes(core, self.timing.max_chunk_tokens))
-        self._check_serving(channel.session_id)
+        self._check_serving(request.session_id)
         assert self._door is not None
-        return self._prefill_soon(self._door.admit_nowait(channel, system_prompt, sampling, log, pin_system_prompt))
+        return self._link(self._door.admit_nowait(self._channel(request), request))
 
-    def _prefill_soon(self, slot: SessionState) -> SessionState:
-        if slot.context_ahead:  # TimingConfig.prompt_at_open: the tick loop prefills the prompt now, not with a frame
-            assert self._loop is not None
-            self._loop.wake()
-            self._loop.ensure_running(self._tg)
-        return slot
+    def _channel(self, request: SessionRequest) -> SessionChannel:
+        rel = self.reliability
+        return SessionChannel(
+            request.session_id,
+            input_queue=rel.input_queue,
+            output_queue=rel.output_queue,
+            drop_oldest=rel.slow_consumer == "drop_oldest",
+        )
+
+    def _link(self, state: SessionState) -> SessionLink:
+        assert self._services is not None
+        if state.context_ahead:  # TimingConfig.prompt_at_open: the tick loop prefills the prompt now, not with a frame
+            self._wake_loop()
+        return SessionLink(state, self._services)
+
+    def _wake_loop(self) -> None:
+        assert self._loop is not None
+        self._loop.wake()
+        self._loop.ensure_running(self._tg)
 
     def _check_serving(self, session_id: int) -> None:
         if self._failure is not None:
@@ -511,29 +519,6 @@ class Engine:
     def _free_sequence(core: EngineBackend, seq_id: int) -> PoolStats:
         core.free_sequence(seq_id)
         return core.pool_stats()
-
-    # input ---------------------------------------------------------------------------------------
-
-    def _submit(self, slot: SessionState, frame: InputFrame) -> None:
-        """Encode ``frame`` and queue it for the next tick (``InputQueueFull`` when the queue is full)."""
-        assert self._encoder is not None and self._loop is not None
-        if not slot.channel.has_input_room():
-            self._counters.fault(Fault.INPUT_REFUSED)
-        self._encoder.queue(slot, frame, submitted=self._clock(), retry_after=self.timing.period)
-        self._loop.wake()
-        self._loop.ensure_running(self._tg)
-
-    def _append(self, slot: SessionState, text: str) -> int:
-        """Queue ``text`` as a turn ahead of the next frame (``Session.append``); its tokens."""
-        assert self._encoder is not None and self._loop is not None
-        tokens = self._encoder.turn_ahead(slot, text)
-        self._loop.wake()
-        self._loop.ensure_running(self._tg)
-        return tokens
-
-    def _withdrawn(self, slot: SessionState, pending: QueuedFrame) -> None:
-        assert self._encoder is not None
-        self._encoder.withdrawn(slot, pending)
 
     # observability -------------------------------------------------------------------------------
 

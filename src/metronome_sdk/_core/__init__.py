@@ -1,7 +1,7 @@
 """The tick loop, the metronome, and its parts: the engine side of every session.
 
 ``Engine`` (``_engine.py``) assembles these at start; ``Session`` (``_session.py``) reaches them
-only through the session's own engine-side record. Each module has one job:
+only through its ``SessionLink``. Each module has one job:
 
 - ``tick.py``: the loop: pacing, gathering each tick's chunks, dispatch, the watchdog's verdicts;
 - ``budget.py``: how many tokens a tick appends and which session appends how many (pure);
@@ -11,7 +11,9 @@ only through the session's own engine-side record. Each module has one job:
 - ``outcome.py``: what a step did for a frame (pure); ``delivery.py``: acting on it;
 - ``admission.py``: the session cap (AIMD) and the memory guard; ``model_admission.py``: the
   model-based cap; ``door.py``: admitting a session, waiting for room, refusing;
-- ``state.py``: each admitted session's engine-side state, and what the parts share;
+- ``link.py``: a session's one owner on the engine side (``SessionLink``, what admission returns);
+- ``state.py``: each admitted session's engine-side state (the rules for its context and its last
+  reply token, once), and what the parts share;
 - ``channel.py``: a session's bounded queues; ``encoding.py``: input frames to tokens;
 - ``memory.py``: what a session's model still sees under a window policy (pure);
 - ``counters.py``: every count, once, behind ``stats()`` and Prometheus; ``growth.py``: ``t_sat``;

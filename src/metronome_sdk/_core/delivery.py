@@ -99,7 +99,7 @@ class Delivery:
             case OutcomeKind.LATE:
                 # a stuck step that came back: its tokens are in the context, its frame was answered
                 slot.num_tokens, slot.num_blocks = outcome.num_tokens, outcome.num_blocks
-                slot.feedback = None  # its output was never delivered, so the model does not see it
+                slot.reply_withdrawn()  # its output was never delivered, so the model does not see it
                 return Delivered()
             case OutcomeKind.STALLED | OutcomeKind.CACHE_EXHAUSTED:
                 return self._stall(entry, outcome, tick, done, used_blocks, pool_blocks)
@@ -107,7 +107,7 @@ class Delivery:
                 grown = outcome.num_blocks - slot.num_blocks
                 self._remember(entry, outcome.num_tokens)
                 slot.num_tokens, slot.num_blocks = outcome.num_tokens, outcome.num_blocks
-                slot.feedback = None
+                slot.reply_appended()
                 del pending.tokens[: entry.taken]
                 pending.started = True
                 if outcome.kind is OutcomeKind.APPENDED:
@@ -117,7 +117,7 @@ class Delivery:
                 if (
                     put is not ResultFate.DISCARDED
                 ):  # a withdrawn reply is not fed back: the context keeps what was delivered
-                    slot.feedback = (outcome.tokens[-1], pending.index)
+                    slot.reply_delivered(outcome.tokens[-1], pending.index)
                 return Delivered(latency=latency, grown=grown)
 
     def _remember(self, entry: FrameChunk, num_tokens: int) -> None:
@@ -313,22 +313,11 @@ def apply_context_ahead(
             delivery.prompt_broken(slot)  # the core dropped its sequence
             continue
         if out.stall is not None:
-            _with_first_frame(slot)
+            slot.context_to_first_frame()
             slot.channel.context_appended()  # an append() waiting on it returns: the frame reports the stall
             continue
-        del slot.context_ahead[:n]
+        slot.context_appended(n)
         slot.num_tokens, slot.num_blocks = out.num_tokens, out.num_blocks
         if slot.memory is not None:
             slot.memory.update(out.num_tokens)
         slot.channel.context_appended()
-
-
-def _with_first_frame(slot: SessionState) -> None:
-    """No room now: the rest of the context goes with the next frame, whose step reports the stall as usual."""
-    rest, slot.context_ahead = slot.context_ahead, []
-    inputs = slot.channel.inputs
-    if inputs and not inputs[0].started:
-        inputs[0].tokens[:0] = rest
-        inputs[0].carried += len(rest)  # handed back with it if it is withdrawn
-    else:
-        slot.with_next_frame[:0] = rest

@@ -13,14 +13,13 @@ from typing import Any
 
 import anyio
 
-from metronome_engine import SamplingParams
-
 from .._exceptions import AdmissionRejected, CacheExhausted
 from .._log import get_logger
 from .admission import Admitter
 from .channel import SessionChannel
 from .counters import Counters
 from .encoding import InputEncoder
+from .link import SessionRequest
 from .memory import ConversationMemory
 from .signal import Signal
 from .state import EngineState, SessionState
@@ -52,59 +51,43 @@ class AdmissionDoor:
         """A place may have opened: sessions waiting at the door try again."""
         self._room.fire()
 
-    async def wait(
-        self,
-        channel: SessionChannel,
-        system_prompt: str | None,
-        sampling: SamplingParams | None,
-        log: Any,
-        timeout: float,
-        pin_system_prompt: bool = True,
-    ) -> SessionState:
+    async def wait(self, channel: SessionChannel, request: SessionRequest, timeout: float) -> SessionState:
         """Admit, waiting up to ``timeout`` seconds (real time) for room; else ``AdmissionRejected``."""
         if timeout < 0 or not math.isfinite(timeout):
             raise ValueError(f"timeout must be a finite number >= 0 (seconds), got {timeout!r}")
         with anyio.move_on_after(timeout):
-            while (slot := self.try_admit(channel, system_prompt, sampling, log, pin_system_prompt)) is None:
+            while (slot := self.try_admit(channel, request)) is None:
                 await self._room.wait()
             return slot
         raise self.reject(channel.session_id)
 
-    def admit_nowait(
-        self,
-        channel: SessionChannel,
-        system_prompt: str | None,
-        sampling: SamplingParams | None,
-        log: Any,
-        pin_system_prompt: bool = True,
-    ) -> SessionState:
-        slot = self.try_admit(channel, system_prompt, sampling, log, pin_system_prompt)
+    def admit_nowait(self, channel: SessionChannel, request: SessionRequest) -> SessionState:
+        slot = self.try_admit(channel, request)
         if slot is None:
             raise self.reject(channel.session_id)
         return slot
 
-    def try_admit(
-        self,
-        channel: SessionChannel,
-        system_prompt: str | None,
-        sampling: SamplingParams | None,
-        log: Any,
-        pin_system_prompt: bool = True,
-    ) -> SessionState | None:
+    def try_admit(self, channel: SessionChannel, request: SessionRequest) -> SessionState | None:
         shared, admitter = self.shared, self.admitter
+        system_prompt, log = request.system_prompt, request.log
         prefix = self.encoder.system(system_prompt) if system_prompt is not None else []
-        memory, pinned_blocks = self._pin(channel.session_id, len(prefix), pin_system_prompt, log)
+        memory, pinned_blocks = self._pin(channel.session_id, len(prefix), request.pin_system_prompt, log)
         held = sum(s.pinned_blocks for s in shared.sessions.values()) + pinned_blocks
         free = shared.pool.num_blocks - shared.pool.used_blocks
         if not admitter.admits(len(shared.sessions), free_blocks=free, pinned_blocks=held):
             return None
-        slot = SessionState(channel.session_id, channel, sampling, log, memory=memory, pinned_blocks=pinned_blocks)
+        slot = SessionState(
+            channel.session_id,
+            channel,
+            request.sampling,
+            log,
+            memory=memory,
+            pinned_blocks=pinned_blocks,
+            decode_tokens=request.decode_tokens,
+        )
         if system_prompt is not None:
-            if self.prompt_at_open:  # the tick loop prefills all but its last token, which goes with the first frame
-                slot.context_ahead, slot.with_next_frame = prefix[:-1], prefix[-1:]
-            else:
-                slot.with_next_frame = prefix
-            slot.rendered = True
+            # prompt_at_open: the tick loop prefills all but its last token, which goes with the first frame
+            slot.queue_prompt(prefix, ahead=self.prompt_at_open)
         shared.sessions[slot.session_id] = slot
         self.counters.session_admitted(len(shared.sessions))
         log.info("admission.admitted", in_flight=len(shared.sessions), limit=admitter.limit)

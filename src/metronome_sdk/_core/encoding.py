@@ -78,17 +78,13 @@ class InputEncoder:
             )
         first_turn = not slot.rendered and bool(frame.text)
         tokens = self.frame(frame, rendered=slot.rendered)
-        prefix = len(slot.with_next_frame)
-        if not tokens and not prefix and channel.counts.sent == 0:
+        carried = len(slot.with_next_frame)
+        if not tokens and not carried and channel.counts.sent == 0:
             raise ValueError(
                 "the first frame of a session must carry input (text, audio or tokens) or follow a system prompt"
             )
-        if frame.text:
-            slot.rendered = True
-        if slot.with_next_frame:
-            tokens = slot.with_next_frame + tokens
-            slot.with_next_frame = []
-        pending = QueuedFrame(frame, tokens, submitted, channel.counts.sent, carried=prefix, first_turn=first_turn)
+        tokens = slot.take_with_next_frame(text=bool(frame.text)) + tokens
+        pending = QueuedFrame(frame, tokens, submitted, channel.counts.sent, carried=carried, first_turn=first_turn)
         channel.put_input(pending)
         return pending
 
@@ -107,24 +103,6 @@ class InputEncoder:
         tokens = self.frame(InputFrame.from_text(text), rendered=slot.rendered)
         if not tokens:
             raise ValueError("append() needs text that is not empty; nothing was queued")
-        slot.rendered = True
-        head: list[int] = []
-        if slot.feedback is not None:  # the last reply's last token goes in first: the model sees its reply
-            token, index = slot.feedback
-            channel.feedback_appended(index)
-            slot.feedback, head = None, [token]
-        if slot.memory is not None:  # the turn begins after the context before it and the fed-back token
-            slot.memory.turn_started(slot.num_tokens + len(slot.context_ahead) + len(slot.with_next_frame) + len(head))
-        context = slot.with_next_frame + head + tokens
-        slot.context_ahead.extend(context[:-1])
-        slot.with_next_frame = context[-1:]
+        slot.queue_turn(tokens)
         channel.reply = []  # new input: the next outputs are a new reply (what interrupt() keeps)
         return len(tokens)
-
-    @staticmethod
-    def withdrawn(slot: SessionState, pending: QueuedFrame) -> None:
-        """``pending`` left the queue unappended (a cancelled step, an interrupt): hand back what it carried."""
-        if pending.carried:
-            slot.with_next_frame = pending.tokens[: pending.carried] + slot.with_next_frame
-        if pending.first_turn:
-            slot.rendered = False

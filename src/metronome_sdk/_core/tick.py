@@ -170,7 +170,7 @@ class TickLoop:
                 continue
             if not channel.inputs:
                 continue
-            head = [slot.feedback[0]] if slot.feedback is not None else []
+            head = slot.reply_head()
             if not head and not channel.inputs[0].tokens:
                 pending = channel.inputs.popleft()
                 channel.input_taken()
@@ -210,8 +210,8 @@ class TickLoop:
             slot.waited = 0
             pending = slot.channel.inputs[0]
             tokens = (head + pending.tokens)[: grant.chunk]
-            if slot.feedback is not None and head:
-                slot.channel.feedback_appended(slot.feedback[1])
+            if head:
+                slot.reply_in_chunk()
             entries.append(
                 FrameChunk(slot, pending, tokens, grant.chunk - len(head), grant.decode > 0, decode=grant.decode)
             )
