@@ -20,8 +20,8 @@ PACKAGES = {
 }
 # circles known and owned elsewhere: each must go, and this test fails once one does (so it is removed here)
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
-# the same, counting imports under TYPE_CHECKING and inside functions (Session <-> Engine: issue #36)
-KNOWN_DEFERRED_CYCLES: set[tuple[str, ...]] = {("metronome_sdk._engine", "metronome_sdk._session")}
+# the same, counting imports under TYPE_CHECKING and inside functions
+KNOWN_DEFERRED_CYCLES: set[tuple[str, ...]] = set()
 # private helpers the benchmarks still take from the SDK, each with its reason
 PRIVATE_ALLOWED = {
     ("metronome_sdk.bench.cliff", "metronome_sdk._core.admission"),  # percentile(): the same estimator as admission's

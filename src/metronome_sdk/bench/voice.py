@@ -9,6 +9,10 @@ each turn (its ``latency`` event) and its transcripts come beside it on the data
 Needs the ``[webrtc]`` extra (``metronome bench voice`` checks for it before it imports this).
 Nothing is mocked: the questions are spoken at run time (by Piper's joe voice and
 espeak-ng), and the server is ``metronome demo``'s.
+
+Why this module is past 400 lines: the caller (its microphone, its peer, the turn loop that
+times it) and what it reports (turns, refusals, the round's summary) are one measurement;
+``spawn_demo`` starts the server it measures.
 """
 
 from __future__ import annotations

@@ -31,10 +31,12 @@ import time
 from collections import deque
 from dataclasses import dataclass
 
+from .._audio import pcm16, resample
 from .._exceptions import AdmissionRejected
 from .._log import get_logger
+from ._protocols import SpeechToText, TextToSpeech
 
-__all__ = ["DEFAULT_OBJECTIVE", "VoiceAdmission", "VoiceTurn"]
+__all__ = ["DEFAULT_OBJECTIVE", "VoiceAdmission", "VoiceTurn", "speech_work"]
 
 # seconds from the end of a caller's speech to its first reply audio, at p95: the upper end of
 # what local CPU pipelines are expected to reach (1.2-1.5 s); hosted pipelines aim at 0.8 s
@@ -174,6 +176,23 @@ class VoiceAdmission:
             "capacity": self.capacity(),
             "refused": refused,
         }
+
+
+def speech_work(
+    stt: SpeechToText,
+    tts: TextToSpeech,
+    *,
+    question: str = "What is the capital of France?",
+    clause: str = "The capital of France,",
+) -> tuple[float, float]:
+    """Seconds to transcribe ``question`` (spoken by ``tts`` first, not timed) and to say
+    ``clause``: one turn's speech work, for ``VoiceAdmission.calibrate`` on an idle machine."""
+    spoken, rate = tts.synthesize(question)
+    started = time.perf_counter()
+    stt.transcribe(pcm16(resample(spoken, rate, 16000)), 16000)
+    heard = time.perf_counter()
+    tts.synthesize(clause)
+    return heard - started, time.perf_counter() - heard
 
 
 def _median(values: list[float]) -> float:

@@ -22,14 +22,13 @@ from typing import Any
 
 from aiohttp import web
 
-from .._audio import pcm16, resample
 from .._bearer import bearer_matches
 from .._engine import Engine
 from .._exceptions import AdmissionRejected, EngineClosed, MetronomeError, Overloaded, SessionBroken, SessionClosed
 from .._log import get_logger
 from .._session import Session
 from ..transports._base import Transport
-from ..voice._admission import VoiceAdmission
+from ..voice._admission import VoiceAdmission, speech_work
 from ..voice._agent import TurnLatency, VoiceAgent, error_event
 from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
@@ -44,9 +43,6 @@ PeerHandler = Callable[[Session, Transport], Awaitable[None]]
 
 # the default agent hears the microphone in 20 ms frames: a barge-in is heard a frame after it is spoken
 _AGENT_FRAME_SECONDS = 0.02
-# the start-up probe of the speech models' work: a question heard, the first clause of an answer said
-_PROBE_QUESTION = "What is the capital of France?"
-_PROBE_CLAUSE = "The capital of France,"
 
 
 def _refuse(status: int, error: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
@@ -186,18 +182,11 @@ class WebRTCServer:
             self._tts = tts
 
     def _probe_voice(self, admission: VoiceAdmission) -> None:
-        """Time one turn's speech work on the idle machine: a question transcribed, a clause said."""
         assert self._stt is not None and self._tts is not None
-        question, rate = self._tts.synthesize(_PROBE_QUESTION)
-        started = time.perf_counter()
-        self._stt.transcribe(pcm16(resample(question, rate, 16000)), 16000)
-        heard = time.perf_counter()
-        self._tts.synthesize(_PROBE_CLAUSE)
-        said = time.perf_counter()
+        transcribe, synthesize = speech_work(self._stt, self._tts)
         # the rest's prior: the turn detector's pause and a few ticks of the engine, until turns say
-        rest = self._vad().end_silence + 4 * self.engine.timing.period
-        admission.calibrate(work=said - started, rest=rest)
-        self._log.info("webrtc.voice_probe", transcribe=round(heard - started, 3), synthesize=round(said - heard, 3))
+        admission.calibrate(work=transcribe + synthesize, rest=self._vad().end_silence + 4 * self.engine.timing.period)
+        self._log.info("webrtc.voice_probe", transcribe=round(transcribe, 3), synthesize=round(synthesize, 3))
 
     @property
     def url(self) -> str:
