@@ -102,11 +102,10 @@ class AdmissionDoor:
         session_blocks = self.shared.session_blocks
         if not pinned or session_blocks is None:
             return memory, 0
-        try:
-            bound = core.session_bound_blocks(chunk=self.max_chunk, pinned=pinned)  # type: ignore[call-arg]
-        except TypeError:  # a backend without pinned prefixes: the prompt slides, and the session says so
+        if not core.pins_prefixes:  # the prompt slides with the window, and the session says so
             log.warning("session.prompt_not_pinned", backend=type(core).__name__, prompt_tokens=prompt_tokens)
             return ConversationMemory(core.policy, prompt_tokens=prompt_tokens), 0
+        bound = core.session_bound_blocks(chunk=self.max_chunk, pinned=pinned)  # type: ignore[call-arg]
         assert bound is not None  # bounded policy
         pool = self.shared.pool.num_blocks
         if bound > pool:

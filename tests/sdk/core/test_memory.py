@@ -118,6 +118,10 @@ class NoPinCore:
         self._core = core
 
     @property
+    def pins_prefixes(self) -> bool:
+        return False
+
+    @property
     def policy(self) -> KVPolicy:
         return self._core.policy
 
