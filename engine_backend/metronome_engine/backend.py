@@ -76,7 +76,16 @@ class PoolStats:
 
 @runtime_checkable
 class EngineBackend(Protocol):
-    """Sessions' KV state in one bounded pool, served one batched step at a time."""
+    """Sessions' KV state in one bounded pool, served one batched step at a time.
+
+    ``pins_prefixes``: whether the backend keeps a session's first tokens (its system prompt)
+    resident beside the sinks whatever the window does; where it does, ``add_sequence`` and
+    ``session_bound_blocks`` also take ``pinned=`` (a token count), as ``EngineCore``'s do.
+    Where it does not, the SDK lets the prompt slide with the window and says so.
+    """
+
+    @property
+    def pins_prefixes(self) -> bool: ...
 
     @property
     def policy(self) -> KVPolicy: ...
@@ -101,6 +110,10 @@ class PassThroughBackend:
 
     def __init__(self, core: EngineBackend) -> None:
         self.core = core
+
+    @property
+    def pins_prefixes(self) -> bool:
+        return False  # its add_sequence and session_bound_blocks take no pinned=
 
     @property
     def policy(self) -> KVPolicy:

@@ -307,6 +307,10 @@ class EngineCore:
         """Tokens between the session's pinned prefix and its window: its last token no longer saw them."""
         return self._seq(seq_id).kv.evicted_tokens
 
+    @property
+    def pins_prefixes(self) -> bool:
+        return True
+
     def session_bound_blocks(self, chunk: int = 1, *, pinned: int = 0) -> int | None:
         """Most blocks one session (pinning ``pinned`` tokens) can hold under this policy
         (``None``: unbounded)."""

@@ -1,11 +1,12 @@
 """The async engine: its lifecycle, admission, and the sessions it serves.
 
 ``Engine`` owns an engine core, the core's thread and the tick loop. Its jobs live in their
-own modules: the tick loop's pacing, gathering and dispatch in ``_tick.py``; what a step did
-for a frame in ``_outcome.py`` (pure) and its delivery in ``_delivery.py``; a session's queues
-in ``_channel.py``; input encoding in ``_encoding.py``; every count in ``_counters.py``.
-All engine-core calls (loading, calibrating, opening and freeing sequences, steps, pool stats)
-run on the core thread (``_worker.py``), in order, so they never race a step.
+own modules in ``_core/``: the tick loop's pacing, gathering and dispatch in ``tick.py``; what a
+step did for a frame in ``outcome.py`` (pure) and its delivery in ``delivery.py``; admission in
+``admission.py`` and ``door.py``; a session's queues in ``channel.py``; input encoding in
+``encoding.py``; every count in ``counters.py``. All engine-core calls (loading, calibrating,
+opening and freeing sequences, steps, pool stats) run on the core thread (``worker.py``), in
+order, so they never race a step.
 
 Why this module is past 400 lines: it is the public class, and what is left here is what only
 the owner of every part can do: assemble them at start (after loading and calibrating), take a
@@ -26,46 +27,43 @@ import math
 import time
 from collections.abc import Callable
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
 
 import anyio
 import anyio.abc
 
 from metronome_engine import EngineBackend, PoolStats, SamplingParams
 
-from ._admission import UNMEASURED_LIMIT, Admitter, AIMDAdmitter, MemoryGuard
-from ._calibrate import calibrate
-from ._channel import Pending, SessionChannel, State
 from ._codec import FrameCodec, TextTokenizer
 from ._config import AdmissionConfig, EngineConfig, ReliabilityConfig, TimingConfig
-from ._cost import StepCost
-from ._counters import Counters, Fault
-from ._delivery import Delivery
-from ._encoding import InputEncoder
+from ._core.admission import UNMEASURED_LIMIT, Admitter, AIMDAdmitter, MemoryGuard
+from ._core.budget import measured_tokens, tick_budget
+from ._core.channel import ChannelState, QueuedFrame, SessionChannel
+from ._core.cost import StepCost, calibrate
+from ._core.counters import Counters, Fault
+from ._core.delivery import Delivery
+from ._core.door import AdmissionDoor
+from ._core.encoding import InputEncoder
+from ._core.link import LinkServices, SessionHost, SessionLink, SessionRequest
+from ._core.model_admission import ModelAdmitter
+from ._core.state import EngineState, SessionState
+from ._core.tick import TickLoop
+from ._core.worker import CoreAbandoned, CoreThread
 from ._exceptions import (
     EngineClosed,
     EngineStalled,
     MetronomeError,
     StallReason,
 )
-from ._frames import InputFrame
-from ._gate import Gate
 from ._loading import load_core, load_tokenizer
 from ._log import get_logger
 from ._metrics import EngineMetrics
-from ._predictive import ModelAdmitter
-from ._state import Shared, Slot
+from ._session import Session
 from ._stats import EngineStats, TickReport
-from ._tick import TickLoop, measured_tokens, tick_budget
-from ._worker import CoreAbandoned, CoreThread
-
-if TYPE_CHECKING:
-    from ._session import Session
 
 __all__ = ["Engine"]
 
 
-class Engine:
+class Engine(SessionHost, embedded=True):
     """Serves sessions from one engine core on a metronome.
 
     Give ``config`` to build the embedded engine (the model loads on a worker thread
@@ -121,11 +119,12 @@ class Engine:
         self._tg: anyio.abc.TaskGroup | None = None
         self._start_lock: anyio.Lock | None = None
         # made when the engine starts (the core loaded)
-        self._shared: Shared | None = None
+        self._shared: EngineState | None = None
         self._admitter: Admitter | None = None
         self._encoder: InputEncoder | None = None
-        self._gate: Gate | None = None
+        self._door: AdmissionDoor | None = None
         self._loop: TickLoop | None = None
+        self._services: LinkServices | None = None  # what every session's link reaches
 
     # lifecycle -----------------------------------------------------------------------------------
 
@@ -230,9 +229,9 @@ class Engine:
                 measured_limit=measured,
                 limit=admitter.limit,
             )
-        shared = Shared(core=core, worker=self._worker, pool=pool, session_blocks=bound)
+        shared = EngineState(core=core, worker=self._worker, pool=pool, session_blocks=bound)
         encoder = InputEncoder(self._tokenizer, self.codec, core.config.vocab_size)
-        gate = Gate(
+        door = AdmissionDoor(
             shared,
             admitter,
             self._counters,
@@ -247,7 +246,7 @@ class Engine:
             admitter=admitter,
             tokenizer=self._tokenizer,
             end_session=self._end_session,
-            in_flight=lambda: len(shared.slots),
+            in_flight=lambda: len(shared.sessions),
         )
         self._loop = TickLoop(
             shared,
@@ -260,11 +259,21 @@ class Engine:
             on_tick=self._on_tick,
             cost=cost,
             stop_ids=self._tokenizer.stop_ids if self._tokenizer is not None else frozenset(),
-            room=gate.room,
+            room=door.room,
             free=self._free,
             fail=self._fail,
         )
-        self._encoder, self._gate, self._admitter = encoder, gate, admitter
+        self._encoder, self._door, self._admitter = encoder, door, admitter
+        counters = self._counters
+        self._services = LinkServices(
+            encoder=encoder,
+            tokenizer=self._tokenizer,
+            clock=self._clock,
+            retry_after=self.timing.period,
+            wake=self._wake_loop,
+            input_refused=lambda: counters.fault(Fault.INPUT_REFUSED),
+            release=self._release,
+        )
         self._shared = shared
         self._counters.limit(admitter.limit)
         self._log.info("engine.started", policy=repr(core.policy), pool_blocks=pool.num_blocks, session_blocks=bound)
@@ -320,17 +329,17 @@ class Engine:
         self._closed = True
         with anyio.CancelScope(shield=True):
             shared, loop = self._shared, self._loop
-            slots = list(shared.slots.values()) if shared is not None else []
+            slots = list(shared.sessions.values()) if shared is not None else []
             if shared is not None and loop is not None:
                 shared.closed = True
-                shared.slots.clear()
+                shared.sessions.clear()
                 for slot in slots:
                     slot.ended = True
                     if failure is None:
-                        slot.channel.close(State.ENGINE_CLOSED)
+                        slot.channel.close(ChannelState.ENGINE_CLOSED)
                 loop.wake()
-                assert self._gate is not None
-                self._gate.room()
+                assert self._door is not None
+                self._door.room()
                 if failure is None:
                     await loop.stopped()  # the tick in flight finishes (or is abandoned)
                 ended, loop.to_free = loop.to_free, []
@@ -349,7 +358,7 @@ class Engine:
             self._log.info("engine.closed", sessions=len(slots), failed=failure is not None)
 
     @staticmethod
-    def _engine_failed(session_id: int, failure: EngineStalled, pending: Pending | None) -> EngineStalled:
+    def _engine_failed(session_id: int, failure: EngineStalled, pending: QueuedFrame | None) -> EngineStalled:
         err = EngineStalled(
             str(failure),
             session_id=session_id,
@@ -387,8 +396,6 @@ class Engine:
         pin_system_prompt: bool = True,
     ) -> Session:
         """A session on this engine, opened by ``async with`` (waits up to ``timeout`` for room)."""
-        from ._session import Session
-
         return Session(
             system_prompt,
             engine=self,
@@ -411,48 +418,50 @@ class Engine:
             system_prompt, sampling=sampling, decode_tokens=decode_tokens, pin_system_prompt=pin_system_prompt
         ).open_nowait()
 
-    async def _admit(
-        self,
-        channel: SessionChannel,
-        system_prompt: str | None,
-        sampling: Any,
-        log: Any,
-        timeout: float | None,
-        pin_system_prompt: bool = True,
-    ) -> Slot:
-        """Wait (up to ``timeout``) for room; the session's slot, or ``AdmissionRejected``."""
-        await self.start()
-        self._check_serving(channel.session_id)
-        assert self._gate is not None
-        wait = self.admission_config.queue_timeout if timeout is None else timeout
-        slot = await self._gate.wait(channel, system_prompt, sampling, log, wait, pin_system_prompt)
-        self._check_serving(channel.session_id)  # the engine may have closed while the session waited
-        return self._prefill_soon(slot)
+    async def open_link(self, request: SessionRequest, *, timeout: float | None = None) -> SessionLink:
+        """Admit a session, waiting up to ``timeout`` for room: its link, or ``AdmissionRejected``.
 
-    def _admit_nowait(
-        self,
-        channel: SessionChannel,
-        system_prompt: str | None,
-        sampling: Any,
-        log: Any,
-        pin_system_prompt: bool = True,
-    ) -> Slot:
+        What ``Session.open()`` calls; applications open sessions with ``session()``.
+        """
+        await self.start()
+        self._check_serving(request.session_id)
+        assert self._door is not None
+        wait = self.admission_config.queue_timeout if timeout is None else timeout
+        state = await self._door.wait(self._channel(request), request, wait)
+        self._check_serving(request.session_id)  # the engine may have closed while the session waited
+        return self._link(state)
+
+    def open_link_nowait(self, request: SessionRequest) -> SessionLink:
+        """Admit a session now or raise ``AdmissionRejected`` at once (``Session.open_nowait()``)."""
         if not self._started:
             if self._needs_load():
                 raise RuntimeError("the engine has not loaded its model yet; enter it first (async with engine)")
             # no tick has run, so no step can race these two core calls on the event loop
             core = self._require_core()
             self._start_now(core, *self._sizes(core, self.timing.max_chunk_tokens))
-        self._check_serving(channel.session_id)
-        assert self._gate is not None
-        return self._prefill_soon(self._gate.admit_nowait(channel, system_prompt, sampling, log, pin_system_prompt))
+        self._check_serving(request.session_id)
+        assert self._door is not None
+        return self._link(self._door.admit_nowait(self._channel(request), request))
 
-    def _prefill_soon(self, slot: Slot) -> Slot:
-        if slot.prefill:  # TimingConfig.prompt_at_open: the tick loop prefills the prompt now, not with a frame
-            assert self._loop is not None
-            self._loop.wake()
-            self._loop.ensure_running(self._tg)
-        return slot
+    def _channel(self, request: SessionRequest) -> SessionChannel:
+        rel = self.reliability
+        return SessionChannel(
+            request.session_id,
+            input_queue=rel.input_queue,
+            output_queue=rel.output_queue,
+            drop_oldest=rel.slow_consumer == "drop_oldest",
+        )
+
+    def _link(self, state: SessionState) -> SessionLink:
+        assert self._services is not None
+        if state.context_ahead:  # TimingConfig.prompt_at_open: the tick loop prefills the prompt now, not with a frame
+            self._wake_loop()
+        return SessionLink(state, self._services)
+
+    def _wake_loop(self) -> None:
+        assert self._loop is not None
+        self._loop.wake()
+        self._loop.ensure_running(self._tg)
 
     def _check_serving(self, session_id: int) -> None:
         if self._failure is not None:
@@ -460,37 +469,37 @@ class Engine:
         if self._closed:
             raise EngineClosed("the engine is closed; no session can open on it", session_id=session_id)
 
-    async def _release(self, slot: Slot) -> None:
+    async def _release(self, slot: SessionState) -> None:
         """The application closed the session: forget it, return its blocks before returning."""
         shared = self._shared
         if shared is None or slot.ended:
             return  # the engine ended it and freed (or frees) its blocks
         slot.ended = True
-        shared.slots.pop(slot.session_id, None)
-        self._counters.sessions_open(len(shared.slots))
-        assert self._loop is not None and self._gate is not None
-        self._gate.room()
+        shared.sessions.pop(slot.session_id, None)
+        self._counters.sessions_open(len(shared.sessions))
+        assert self._loop is not None and self._door is not None
+        self._door.room()
         self._loop.wake()  # the tick loop rests when the last session has gone
         await self._free(slot)
 
-    def _end_session(self, slot: Slot, error: MetronomeError, fault: Fault) -> bool:
+    def _end_session(self, slot: SessionState, error: MetronomeError, fault: Fault) -> bool:
         """The engine ends ``slot``'s session: out of the admitted set now, its blocks freed after the tick."""
         shared, loop = self._shared, self._loop
         assert shared is not None and loop is not None
         if slot.ended:
             return False
         slot.ended = True
-        shared.slots.pop(slot.session_id, None)
+        shared.sessions.pop(slot.session_id, None)
         self._counters.fault(fault)
-        self._counters.sessions_open(len(shared.slots))
+        self._counters.sessions_open(len(shared.sessions))
         slot.channel.end(error)
         slot.log.warning("session.closed", by="engine", error=type(error).__name__, frames=slot.channel.counts.frames)
         loop.to_free.append(slot)
-        assert self._gate is not None
-        self._gate.room()
+        assert self._door is not None
+        self._door.room()
         return True
 
-    async def _free(self, slot: Slot) -> None:
+    async def _free(self, slot: SessionState) -> None:
         loop, shared = self._loop, self._shared
         assert loop is not None and shared is not None
         # a tick in flight may be opening this session's sequence: let it finish (or be abandoned) first
@@ -511,29 +520,6 @@ class Engine:
         core.free_sequence(seq_id)
         return core.pool_stats()
 
-    # input ---------------------------------------------------------------------------------------
-
-    def _submit(self, slot: Slot, frame: InputFrame) -> None:
-        """Encode ``frame`` and queue it for the next tick (``InputQueueFull`` when the queue is full)."""
-        assert self._encoder is not None and self._loop is not None
-        if not slot.channel.has_input_room():
-            self._counters.fault(Fault.INPUT_REFUSED)
-        self._encoder.queue(slot, frame, submitted=self._clock(), retry_after=self.timing.period)
-        self._loop.wake()
-        self._loop.ensure_running(self._tg)
-
-    def _append(self, slot: Slot, text: str) -> int:
-        """Queue ``text`` as a turn ahead of the next frame (``Session.append``); its tokens."""
-        assert self._encoder is not None and self._loop is not None
-        tokens = self._encoder.turn_ahead(slot, text)
-        self._loop.wake()
-        self._loop.ensure_running(self._tg)
-        return tokens
-
-    def _withdrawn(self, slot: Slot, pending: Pending) -> None:
-        assert self._encoder is not None
-        self._encoder.withdrawn(slot, pending)
-
     # observability -------------------------------------------------------------------------------
 
     def stats(self) -> EngineStats:
@@ -550,5 +536,5 @@ class Engine:
     def __repr__(self) -> str:
         state = "closed" if self._closed else ("started" if self._started else "new")
         policy = repr(self._core.policy) if self._core is not None else repr(self.config)
-        sessions = len(self._shared.slots) if self._shared is not None else 0
+        sessions = len(self._shared.sessions) if self._shared is not None else 0
         return f"Engine({policy}, sessions={sessions}, {state})"

@@ -11,9 +11,14 @@ Every await is cancel-safe: cancelled, it loses nothing and leaves nothing stale
 ``step()`` withdraws its frame (never appended, if no tick took it yet) or its output (never
 returned by a later ``receive()``); ``interrupt()`` stops the current reply at the next tick.
 
+The session validates what the application gives it and keeps its awaits cancel-safe; what
+it does to the engine goes through its one link there (``_core/link.py``), which admission
+returns. The session knows its engine only as a ``SessionHost``: ``Engine`` imports this
+module (``engine.session()``), never the other way round.
+
 Why this module is past 400 lines: ``Session`` is the whole public face of a conversation
 (opening, frames both ways, a turn given ahead with ``append``, ``chat``, ``interrupt``,
-``stats``), and each method is a short delegate to the engine, most of it its documentation
+``stats``), and each method is a short delegate to its link, most of it its documentation
 and its cancel-safety.
 """
 
@@ -28,12 +33,11 @@ import anyio.lowlevel
 
 from metronome_engine import SamplingParams
 
-from ._channel import SessionChannel, State
-from ._engine import Engine
+from ._core.channel import ChannelState
+from ._core.link import SessionHost, SessionLink, SessionRequest
 from ._exceptions import EngineClosed, SessionClosed, TurnInterrupted
 from ._frames import InputFrame, OutputFrame
 from ._log import get_logger
-from ._state import Slot
 from ._stats import SessionStats
 
 __all__ = ["Interrupted", "Session"]
@@ -99,7 +103,7 @@ class Session:
         self,
         system_prompt: str | None = None,
         *,
-        engine: Engine | None = None,
+        engine: SessionHost | None = None,
         sampling: SamplingParams | None = None,
         timeout: float | None = None,
         decode_tokens: int = 1,
@@ -109,7 +113,7 @@ class Session:
             raise ValueError(f"pin_system_prompt must be True or False, got {pin_system_prompt!r}")
         if system_prompt is not None and not isinstance(system_prompt, str):
             raise ValueError(f"system_prompt must be a str or None, got {type(system_prompt).__name__}")
-        if engine is not None and not isinstance(engine, Engine):
+        if engine is not None and not isinstance(engine, SessionHost):
             raise ValueError(f"engine must be a metronome Engine, got {type(engine).__name__}")
         self.id = next(_ids)
         self._engine = engine
@@ -119,7 +123,7 @@ class Session:
         self._timeout = timeout
         self._pin_system_prompt = pin_system_prompt
         self._log = get_logger(session_id=self.id)
-        self._slot: Slot | None = None
+        self._link: SessionLink | None = None
         self._closed = False
         self.decode_tokens = decode_tokens
 
@@ -136,50 +140,43 @@ class Session:
                 "1 decodes one token a tick, 4 suits a speech consumer"
             )
         self._decode_tokens = value
-        if self._slot is not None:
-            self._slot.decode_tokens = value
+        if self._link is not None:
+            self._link.set_decode_tokens(value)
 
     # opening and closing -------------------------------------------------------------------------
 
     @property
-    def engine(self) -> Engine | None:
+    def engine(self) -> SessionHost | None:
         return self._engine
 
     @property
     def closed(self) -> bool:
-        return self._closed or (self._slot is not None and not self._slot.channel.open)
+        return self._closed or (self._link is not None and not self._link.channel.open)
 
-    def _new_channel(self, engine: Engine) -> SessionChannel:
-        rel = engine.reliability
-        return SessionChannel(
-            self.id,
-            input_queue=rel.input_queue,
-            output_queue=rel.output_queue,
-            drop_oldest=rel.slow_consumer == "drop_oldest",
+    def _request(self) -> SessionRequest:
+        return SessionRequest(
+            session_id=self.id,
+            system_prompt=self._system_prompt,
+            sampling=self._sampling,
+            log=self._log,
+            pin_system_prompt=self._pin_system_prompt,
+            decode_tokens=self._decode_tokens,
         )
 
     async def open(self) -> Session:
         """Wait (up to ``timeout``) for admission; raise ``AdmissionRejected`` if no room came."""
-        if self._slot is not None:
+        if self._link is not None:
             self._check_open()
             return self
         if self._closed:
             raise SessionClosed(f"session {self.id} was closed; open a new session", session_id=self.id)
         engine = self._engine
         if engine is None:
-            engine = self._engine = Engine()
+            engine = self._engine = SessionHost.embedded()
         if self._own_engine:
             await engine.__aenter__()
         try:
-            self._slot = await engine._admit(
-                self._new_channel(engine),
-                self._system_prompt,
-                self._sampling,
-                self._log,
-                self._timeout,
-                self._pin_system_prompt,
-            )
-            self._slot.decode_tokens = self._decode_tokens
+            self._link = await engine.open_link(self._request(), timeout=self._timeout)
         except BaseException:
             if self._own_engine:  # its task group exits in the scope that entered it (aclose() is shielded)
                 await engine.__aexit__(None, None, None)
@@ -188,16 +185,12 @@ class Session:
 
     def open_nowait(self) -> Session:
         """Open now or raise ``AdmissionRejected`` at once: the nowait twin of ``open()``."""
-        if self._slot is not None:
+        if self._link is not None:
             self._check_open()
             return self
         if self._engine is None or self._own_engine:
             raise RuntimeError("open_nowait() needs a started engine: use engine.try_session(), or `async with`")
-        engine = self._engine
-        self._slot = engine._admit_nowait(
-            self._new_channel(engine), self._system_prompt, self._sampling, self._log, self._pin_system_prompt
-        )
-        self._slot.decode_tokens = self._decode_tokens
+        self._link = self._engine.open_link_nowait(self._request())
         return self
 
     async def __aenter__(self) -> Session:
@@ -213,14 +206,14 @@ class Session:
         if self._closed:
             return
         self._closed = True
-        slot, engine = self._slot, self._engine
+        link, engine = self._link, self._engine
         with anyio.CancelScope(shield=True):
-            if slot is not None and engine is not None:
-                by_app = slot.channel.open
-                slot.channel.close()
-                await engine._release(slot)
+            if link is not None:
+                by_app = link.channel.open
+                link.channel.close()
+                await link.release()
                 if by_app:
-                    counts = slot.channel.counts
+                    counts = link.channel.counts
                     self._log.info(
                         "session.closed",
                         by="application",
@@ -232,23 +225,23 @@ class Session:
             # outside the shield: a task group exits in the cancel scope that entered it (its close is shielded)
             await engine.__aexit__(None, None, None)
 
-    def _require_slot(self) -> Slot:
-        if self._slot is None:
+    def _require_link(self) -> SessionLink:
+        if self._link is None:
             raise SessionClosed(
                 f"session {self.id} is not open; use `async with` or await open() first", session_id=self.id
             )
-        return self._slot
+        return self._link
 
-    def _check_open(self) -> Slot:
-        slot = self._require_slot()
-        channel = slot.channel
+    def _check_open(self) -> SessionLink:
+        link = self._require_link()
+        channel = link.channel
         if channel.error is not None:
             raise channel.error
-        if channel.state is State.ENGINE_CLOSED:
+        if channel.state is ChannelState.ENGINE_CLOSED:
             raise EngineClosed(f"session {self.id} cannot be used: its engine was closed", session_id=self.id)
-        if self._closed or channel.state is not State.OPEN:
+        if self._closed or channel.state is not ChannelState.OPEN:
             raise SessionClosed(f"session {self.id} cannot be used: it was closed", session_id=self.id)
-        return slot
+        return link
 
     # frames --------------------------------------------------------------------------------------
 
@@ -257,23 +250,19 @@ class Session:
 
         ``frame``: text, an ``InputFrame``, or ``None`` for an empty tick (the model keeps talking).
         """
-        slot = self._check_open()
-        engine = self._engine
-        assert engine is not None
-        engine._submit(slot, _as_frame(frame))
-        return slot.channel.counts.sent - 1
+        return self._check_open().submit(_as_frame(frame))
 
     async def send(self, frame: FrameLike = None) -> int:
         """Queue one input frame, waiting while the input queue is full; the frame's index."""
         as_frame = _as_frame(frame)
         await anyio.lowlevel.checkpoint_if_cancelled()
         while True:
-            slot = self._check_open()
-            if slot.channel.has_input_room():
+            link = self._check_open()
+            if link.channel.has_input_room():
                 index = self.send_nowait(as_frame)
                 await anyio.lowlevel.cancel_shielded_checkpoint()  # queued: a cancel now must not hide that
                 return index
-            await slot.channel.input_room()
+            await link.channel.input_room()
 
     def append_nowait(self, text: str) -> int:
         """Give the user's turn ``text`` ahead of the frame that answers it; the turn's tokens.
@@ -289,25 +278,22 @@ class Session:
         """
         if not isinstance(text, str):
             raise ValueError(f"append() takes the turn's text as a str, got {type(text).__name__}")
-        slot = self._check_open()
-        assert self._engine is not None
-        return self._engine._append(slot, text)
+        return self._check_open().append(text)
 
     async def append(self, text: str) -> int:
         """``append_nowait``, then wait until the engine has appended the turn (all but its last
         token, which goes with the next frame). Cancelled while waiting, the turn still goes in."""
         tokens = self.append_nowait(text)
-        slot = self._require_slot()
-        while slot.prefill:
+        link = self._require_link()
+        while link.context_pending:
             self._check_open()
-            await slot.channel.changed()
+            await link.channel.changed()
         await anyio.lowlevel.checkpoint()
         return tokens
 
     def receive_nowait(self) -> OutputFrame | None:
         """The next output frame if one is here, else ``None``; raises as ``receive()`` does."""
-        slot = self._require_slot()
-        item = slot.channel.take_nowait()
+        item = self._require_link().channel.take_nowait()
         if item is None:
             self._check_open()
             return None
@@ -328,8 +314,7 @@ class Session:
             if item is not None:
                 await anyio.lowlevel.cancel_shielded_checkpoint()
                 return item
-            assert self._slot is not None
-            await self._slot.channel.changed()
+            await self._require_link().channel.changed()
 
     async def step(self, frame: FrameLike = None) -> OutputFrame:
         """Send one frame and wait for its output.
@@ -338,8 +323,8 @@ class Session:
         cancelled later, its output is discarded when it comes, and no ``receive()`` returns it.
         """
         index = await self.send(frame)
-        slot = self._require_slot()
-        channel = slot.channel
+        link = self._require_link()
+        channel = link.channel
         try:
             while True:
                 item = channel.take_nowait(index)
@@ -348,11 +333,7 @@ class Session:
                 self._check_open()
                 await channel.changed()
         except BaseException:
-            withdrawn = channel.withdraw(index)
-            if withdrawn is not None and self._engine is not None:
-                self._engine._withdrawn(slot, withdrawn)
-            if slot.feedback is not None and slot.feedback[1] == index:
-                slot.feedback = None  # its output was never delivered: the model does not see it either
+            link.withdraw(index)  # its output is never delivered: the model does not see it either
             raise
         if isinstance(item, BaseException):
             raise item
@@ -384,35 +365,21 @@ class Session:
         are withdrawn unappended, unread outputs are dropped, and the output of a frame in the
         tick now running is discarded when it comes. The session stays open: send the new input.
         """
-        slot = self._check_open()
-        channel = slot.channel
-        feedback_unread = slot.feedback is not None and channel.is_unread(slot.feedback[1])
-        withdrawn = [0]
+        link = self._check_open()
 
         def answer(index: int) -> TurnInterrupted:
-            withdrawn[0] += 1
             return TurnInterrupted(
                 f"frame {index} of session {self.id} was interrupted before its output was delivered",
                 session_id=self.id,
                 index=index,
             )
 
-        engine = self._engine
-        assert engine is not None
-        # a frame decoding several tokens in the tick now running: its rounds stop here, and those
-        # begun have put tokens the reader will never have into the context
-        begun = sum(p.rounds.cut() for p in channel.inputs if p.in_tick and p.rounds is not None)
-        channel.untrimmed += begun
-        for pending in channel.withdraw_all(answer):
-            engine._withdrawn(slot, pending)
-        if feedback_unread:
-            slot.feedback = None  # never delivered: the model does not see it either
-        kept = tuple(channel.reply)
-        untrimmed, channel.untrimmed, channel.reply = channel.untrimmed, 0, []
-        tok = engine.tokenizer
+        done = link.interrupt(answer)
+        kept, untrimmed = done.kept, done.untrimmed
+        tok = link.tokenizer
         text = tok.decode(list(kept)) if tok is not None and kept else ""
-        self._log.info("session.interrupted", kept=len(kept), withdrawn=withdrawn[0], untrimmed=untrimmed)
-        return Interrupted(kept=kept, text=text, withdrawn=withdrawn[0], trimmed=untrimmed == 0, untrimmed=untrimmed)
+        self._log.info("session.interrupted", kept=len(kept), withdrawn=done.withdrawn, untrimmed=untrimmed)
+        return Interrupted(kept=kept, text=text, withdrawn=done.withdrawn, trimmed=untrimmed == 0, untrimmed=untrimmed)
 
     def __aiter__(self) -> Session:
         return self
@@ -421,39 +388,21 @@ class Session:
         try:
             return await self.receive()
         except SessionClosed:
-            if self._slot is None:
+            if self._link is None:
                 raise
             raise StopAsyncIteration from None
 
     # observability -------------------------------------------------------------------------------
 
     def stats(self) -> SessionStats:
-        slot = self._slot
-        if slot is None:
+        link = self._link
+        if link is None:
             return SessionStats(
                 session_id=self.id, open=False, frames=0, deadline_misses=0, stalls=0, num_tokens=0, num_blocks=0
             )
-        counts, memory = slot.channel.counts, slot.memory
-        return SessionStats(
-            session_id=self.id,
-            open=not self.closed,
-            frames=counts.frames,
-            deadline_misses=counts.deadline_misses,
-            stalls=counts.stalls,
-            outputs_dropped=counts.outputs_dropped,
-            num_tokens=slot.num_tokens,
-            num_blocks=slot.num_blocks,
-            frames_sent=counts.sent,
-            queued_inputs=len(slot.channel.inputs),
-            unread_outputs=slot.channel.unread,
-            pinned_tokens=memory.kept_prefix if memory is not None else 0,
-            evicted_tokens=memory.evicted_tokens if memory is not None else 0,
-            turns=memory.turns if memory is not None else 0,
-            oldest_resident_turn=memory.oldest_resident_turn if memory is not None else None,
-            system_prompt_resident=memory.prompt_resident if memory is not None else True,
-        )
+        return link.stats(open=not self.closed)
 
     def __repr__(self) -> str:
-        state = "closed" if self.closed else ("open" if self._slot is not None else "new")
-        frames = self._slot.channel.counts.frames if self._slot is not None else 0
+        state = "closed" if self.closed else ("open" if self._link is not None else "new")
+        frames = self._link.channel.counts.frames if self._link is not None else 0
         return f"Session(id={self.id}, {state}, frames={frames})"

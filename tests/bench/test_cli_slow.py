@@ -67,13 +67,17 @@ def test_sweep_quick(tmp_path: Path) -> None:
 
 
 def test_admit_quick(tmp_path: Path) -> None:
-    r = bench("admit", tmp_path)
-    window, full = r["window"], r["full"]
-    assert window["collapsed"] == 0
-    assert 1 <= window["n_star"] <= r["config"]["memory_guard_limit"]
-    assert r["config"]["memory_guard_limit"] >= 2 * window["n_sched"]  # the guard sits above the knee
-    assert r["sweep"]["searched"] and window["n_sched"] >= 1
+    r = bench("admit", tmp_path, "--policy", "model,aimd")
+    assert r["config"]["controllers"] == ["model", "aimd"]
+    guard = r["config"]["memory_guard_limit"]
+    assert r["sweep"]["searched"]
     # the search ends next to a count that misses the deadline (or at its limit)
+    n_sched = r["window"]["model"]["n_sched"]
+    assert n_sched >= 1 and guard >= 2 * n_sched  # the guard sits above the knee
     misses = [p["n"] for p in r["sweep"]["window"] if p["p99_ms"] > r["sweep"]["deadline_ms"]]
-    assert window["n_sched"] + 1 in misses or window["n_sched"] == 64
-    assert full["collapsed"] == full["runs"]  # the same controller under kv=full walks into the wall
+    assert n_sched + 1 in misses or n_sched == 64
+    for policy in ("model", "aimd"):
+        window, full = r["window"][policy], r["full"][policy]
+        assert window["collapsed"] == 0 and window["lost_sessions"] == 0
+        assert window["n_sched"] == n_sched and 1 <= window["n_star"] <= guard
+        assert full["collapsed"] == full["runs"]  # the same controller under kv=full walks into the wall

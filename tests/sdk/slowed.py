@@ -39,6 +39,10 @@ class SlowedBackend:
         self.steps: list[int] = []  # tokens of every step served, calibration included
 
     @property
+    def pins_prefixes(self) -> bool:
+        return False  # its session_bound_blocks takes no pinned=
+
+    @property
     def policy(self) -> KVPolicy:
         return self.inner.policy
 

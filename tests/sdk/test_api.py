@@ -7,6 +7,7 @@ import pkgutil
 import re
 from pathlib import Path
 
+import anyio
 import pytest
 
 import metronome_sdk as metronome
@@ -158,9 +159,15 @@ def test_auto_and_fused_engines_share_one_copy_of_the_weights() -> None:
     from metronome_engine.engine import resolve_kernels
 
     engines = [metronome.Engine(metronome.EngineConfig(kernels=k, num_blocks=64)) for k in ("auto", "fused", "torch")]
-    for engine in engines:
-        engine._load()
-    auto, fused, plain = (engine._require_core().model for engine in engines)  # type: ignore[attr-defined]
+
+    async def models() -> list[object]:
+        loaded = []
+        for engine in engines:
+            async with engine:  # loads the model on the engine's core thread
+                loaded.append(engine.core.model)  # type: ignore[attr-defined]
+        return loaded
+
+    auto, fused, plain = anyio.run(models)
     resolved = resolve_kernels("auto", torch.device("cpu"), model="smollm2-135m-instruct")
     assert auto is (fused if resolved == "fused" else plain)
     assert fused.packed == kernels.get_build().tiles_available()  # the tiles pack the weights; else float32

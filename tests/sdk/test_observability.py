@@ -107,7 +107,8 @@ async def test_prometheus_metrics_render_and_serve() -> None:
         url = f"http://127.0.0.1:{port}/metrics"
         body = await anyio.to_thread.run_sync(lambda: urllib.request.urlopen(url, timeout=10).read())
         assert b"metronome_frames_total 3.0" in body
-    assert engine.metrics._server is None  # closing the engine stops the endpoint
+    with pytest.raises(OSError):  # closing the engine stops the endpoint
+        await anyio.to_thread.run_sync(lambda: urllib.request.urlopen(url, timeout=10).read())
 
 
 async def test_logs_show_admission_stall_and_close_events() -> None:

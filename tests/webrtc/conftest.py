@@ -85,6 +85,9 @@ async def tiny_engine() -> AsyncIterator[Engine]:
 def tiny_server(engine: Engine, **config: object) -> WebRTCServer:
     config.setdefault("port", 0)
     config.setdefault("max_reply_tokens", 12)
+    # a tone voice and a tiny engine say nothing of what callers would hear: admission on the
+    # voice-to-voice objective has its own tests (test_voice_admission.py)
+    config.setdefault("voice_objective", None)
     # the callers speak tones, which are speech to loudness (Silero, the default, hears no voice in them)
     server_config = ServerConfig(**config)  # type: ignore[arg-type]
     return WebRTCServer(engine, server_config, stt=FixedSTT(), tts=ToneTTS(), vad=VoiceActivityDetector)

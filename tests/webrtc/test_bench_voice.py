@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from metronome_sdk import Engine
-from metronome_sdk.bench.voice import RATE, SpokenQuestion, run_round, summarize
+from metronome_sdk.bench.voice import RATE, Refused, SpokenQuestion, run_round, summarize
 from tests.webrtc.conftest import tiny_server
 
 pytestmark = pytest.mark.timeout(90)
@@ -36,3 +36,21 @@ async def test_two_callers_each_time_their_turns_and_get_the_servers_breakdown(t
     assert s["turns"] == 4 and s["no_reply"] == 0
     assert s["p50"] is not None and s["p95"] is not None and s["p50"] <= s["p95"]
     assert "transcribe" in s["server_median"]
+
+
+async def test_a_caller_the_server_refuses_is_counted_with_its_retry_after(tiny_engine: Engine) -> None:
+    # one peer at most: the second caller is refused (503 + Retry-After) and counted, not an error
+    questions = [_tone_question("one?"), _tone_question("two?")]
+    async with tiny_server(tiny_engine, max_peers=1, busy_retry_after=3.0) as server:
+        refused: list[dict[str, object]] = []
+        results = await run_round(server.url, questions, callers=2, turns=1, stagger=0.5, timeout=20, refused=refused)
+        with pytest.raises(Refused) as raised:  # without a list to count them in, a refusal is an error
+            await run_round(server.url, questions, callers=2, turns=1, stagger=0.0, timeout=20)
+    assert raised.value.status == 503 and raised.value.retry_after == 3.0
+    assert [r.caller for r in results] == [0]
+    assert [(r["caller"], r["status"], r["error"], r["retry_after"]) for r in refused] == [
+        (1, 503, "too_many_peers", 3.0)
+    ]
+    s = summarize(2, results, refused)
+    assert s["admitted"] == 1 and s["refused"] == refused
+    assert s["refused_within_s"] is not None and 0 < s["refused_within_s"] < 20

@@ -225,6 +225,10 @@ class VLLMEngineCore:
         """Blocks vLLM holds for the session (its null placeholders not counted)."""
         return self._held_blocks(self._seq(seq_id))
 
+    @property
+    def pins_prefixes(self) -> bool:
+        return False  # vLLM's window spec has sinks, not a pinned prompt: the prompt slides
+
     def session_bound_blocks(self, chunk: int = 1) -> int | None:
         return self._policy.max_blocks(self.block_size, chunk=chunk)
 

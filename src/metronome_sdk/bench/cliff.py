@@ -27,7 +27,7 @@ from metronome_engine import EngineCore
 from metronome_engine.model import LlamaModel
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
 
-from .._admission import percentile
+from .._core.admission import percentile
 from .concurrent import run_concurrently
 from .forecast import (
     ALARM_S,

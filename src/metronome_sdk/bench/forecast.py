@@ -25,8 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._growth import GrowthRate
-from .._growth import t_sat as saturation_time
+from .._core.growth import GrowthRate
+from .._core.growth import t_sat as saturation_time
 
 __all__ = [
     "GAUGE_COLUMNS",

@@ -26,7 +26,7 @@ from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
 
-from .._admission import percentile
+from .._core.admission import percentile
 from .workload import (
     Policy,
     SessionPlan,

@@ -9,6 +9,10 @@ each turn (its ``latency`` event) and its transcripts come beside it on the data
 Needs the ``[webrtc]`` extra (``metronome bench voice`` checks for it before it imports this).
 Nothing is mocked: the questions are spoken at run time (by Piper's joe voice and
 espeak-ng), and the server is ``metronome demo``'s.
+
+Why this module is past 400 lines: the caller (its microphone, its peer, the turn loop that
+times it) and what it reports (turns, refusals, the round's summary) are one measurement;
+``spawn_demo`` starts the server it measures.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from aiortc.mediastreams import MediaStreamError
 
 __all__ = [
     "LOUD",
+    "Refused",
     "SpokenQuestion",
     "TurnResult",
     "call",
@@ -137,6 +142,27 @@ class TurnResult:
         }
 
 
+class Refused(RuntimeError):
+    """The server refused a call with a retryable status (429 or 503): who, why, and how fast."""
+
+    def __init__(self, status: int, error: str, retry_after: float | None, seconds: float) -> None:
+        super().__init__(f"the server refused the call: {status} {error} (Retry-After {retry_after})")
+        self.status = status
+        self.error = error
+        self.retry_after = retry_after
+        self.seconds = seconds  # from sending the offer to the refusal
+
+    def as_dict(self, *, callers: int, caller: int) -> dict[str, Any]:
+        return {
+            "callers": callers,
+            "caller": caller,
+            "status": self.status,
+            "error": self.error,
+            "retry_after": self.retry_after,
+            "seconds": round(self.seconds, 4),
+        }
+
+
 class _Microphone(MediaStreamTrack):  # type: ignore[misc]  # aiortc is untyped
     """Silence, and each question said once, in 20 ms frames paced on the wall clock."""
 
@@ -219,8 +245,13 @@ class _Caller:
         await self.pc.setLocalDescription(await self.pc.createOffer())
         offer = {"sdp": self.pc.localDescription.sdp, "type": "offer"}
         headers = {"Authorization": f"Bearer {token}"} if token else {}
+        sent = time.monotonic()
         async with aiohttp.ClientSession() as http, http.post(url + "offer", json=offer, headers=headers) as resp:
             body = await resp.json()
+            if resp.status in (429, 503):
+                retry = resp.headers.get("Retry-After")
+                error = str(body.get("error", "")) if isinstance(body, dict) else ""
+                raise Refused(resp.status, error, float(retry) if retry else None, time.monotonic() - sent)
             if resp.status != 200:
                 raise RuntimeError(f"the server refused the call: {resp.status} {body}")
         await self.pc.setRemoteDescription(RTCSessionDescription(sdp=body["sdp"], type=body["type"]))
@@ -323,27 +354,41 @@ async def run_round(
     token: str | None = None,
     stagger: float = 0.5,
     timeout: float = 30.0,
+    refused: list[dict[str, Any]] | None = None,
 ) -> list[TurnResult]:
     """``callers`` calls at once, each asking ``turns`` questions (caller ``i`` starts ``i * stagger`` s late).
 
     Caller ``i`` asks questions ``i, i + callers, i + 2 * callers ...`` (round the list), so that
     callers at once ask different questions, and in different voices when the list alternates them.
+    A call the server refuses (429/503, ``Refused``) goes into ``refused`` when it is given (its
+    status, error, Retry-After and how fast it came), and raises when it is not.
     """
     if callers < 1 or turns < 1:
         raise ValueError(f"callers and turns must be >= 1, got {callers} and {turns}")
     if not questions:
         raise ValueError("no questions to ask")
     plans = [[questions[(i + k * callers) % len(questions)] for k in range(turns)] for i in range(callers)]
-    runs = [
-        call(url, plan, callers=callers, caller=i, token=token, delay=i * stagger, timeout=timeout)
-        for i, plan in enumerate(plans)
-    ]
-    per_caller = await asyncio.gather(*runs)
-    return [r for results in per_caller for r in results]
+
+    async def one(i: int, plan: list[SpokenQuestion]) -> list[TurnResult]:
+        try:
+            return await call(url, plan, callers=callers, caller=i, token=token, delay=i * stagger, timeout=timeout)
+        except Refused as exc:
+            if refused is None:
+                raise
+            refused.append(exc.as_dict(callers=callers, caller=i))
+            return []
+
+    # every call runs to its end before a failure is raised: none is left running behind it
+    per_caller = await asyncio.gather(*(one(i, plan) for i, plan in enumerate(plans)), return_exceptions=True)
+    for outcome in per_caller:
+        if isinstance(outcome, BaseException):
+            raise outcome
+    return [r for results in per_caller if not isinstance(results, BaseException) for r in results]
 
 
-def summarize(callers: int, results: Sequence[TurnResult]) -> dict[str, Any]:
-    """p50 / p95 (nearest rank) of the callers' voice to voice, and the server's median of each stage."""
+def summarize(callers: int, results: Sequence[TurnResult], refused: Sequence[dict[str, Any]] = ()) -> dict[str, Any]:
+    """p50 / p95 (nearest rank) of the admitted callers' voice to voice, the server's median of
+    each stage, and the calls refused (with the slowest refusal's seconds)."""
     heard = [r.voice_to_voice for r in results if r.voice_to_voice is not None]
     stages: dict[str, list[float]] = {}
     for r in results:
@@ -352,6 +397,9 @@ def summarize(callers: int, results: Sequence[TurnResult]) -> dict[str, Any]:
                 stages.setdefault(name, []).append(value)
     return {
         "callers": callers,
+        "admitted": callers - len(refused),
+        "refused": list(refused),
+        "refused_within_s": max((r["seconds"] for r in refused), default=None),
         "turns": len(results),
         "no_reply": sum(r.voice_to_voice is None for r in results),
         "p50": nearest_rank(heard, 50),

@@ -66,6 +66,13 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--demo-args", default="", help="more arguments for the `metronome demo` it starts (e.g. '--window 128')"
     )
+    p.add_argument(
+        "--voice-objective",
+        default=None,
+        metavar="SECONDS",
+        help="the spawned demo's voice-to-voice objective (its admission; 'none': off); default the demo's, 1.5 s. "
+        "The report says how many callers the server held within it",
+    )
     p.add_argument("--warmup", type=int, default=1, help="questions asked first and not counted (default 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a turn may wait for its reply (default 30)")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for voice.json (default bench-out/)")
@@ -101,9 +108,12 @@ async def _bench(args: argparse.Namespace, questions: list[Any], log: Path) -> d
     from ..bench.voice import machine, run_round, spawn_demo, summarize
 
     token = os.environ.get(TOKEN_ENV) or None
+    demo_args = shlex.split(args.demo_args)
+    if args.voice_objective is not None:
+        demo_args += ["--voice-objective", args.voice_objective]
     async with contextlib.AsyncExitStack() as stack:
         if args.server is None:
-            url = await stack.enter_async_context(spawn_demo(shlex.split(args.demo_args), log=log))
+            url = await stack.enter_async_context(spawn_demo(demo_args, log=log))
         else:
             url = args.server if args.server.endswith("/") else args.server + "/"
         warm = questions[-1:]
@@ -112,11 +122,40 @@ async def _bench(args: argparse.Namespace, questions: list[Any], log: Path) -> d
         rounds = []
         for n in args.callers:
             before = machine()["load_avg"]
-            results = await run_round(url, questions, callers=n, turns=args.turns, token=token, timeout=args.timeout)
-            summary = summarize(n, results)
+            refused: list[dict[str, Any]] = []
+            results = await run_round(
+                url, questions, callers=n, turns=args.turns, token=token, timeout=args.timeout, refused=refused
+            )
+            summary = summarize(n, results, refused)
             summary["load_avg"] = {"before": before, "after": machine()["load_avg"]}
             rounds.append(summary)
-    return {"server": args.server or "spawned: metronome demo " + args.demo_args, "rounds": rounds}
+    objective = _objective(args.voice_objective)
+    return {
+        "server": args.server or "spawned: metronome demo " + shlex.join(demo_args),
+        "voice_objective_s": objective,
+        "held_within_objective": _held(rounds, objective),
+        "rounds": rounds,
+    }
+
+
+def _objective(given: str | None) -> float | None:
+    """The objective the server admits on: the one given, else the demo's default."""
+    if given is None:
+        return 1.5  # the demo's default (webrtc ServerConfig.voice_objective)
+    if given.strip().lower() == "none":
+        return None
+    try:
+        return float(given)
+    except ValueError:
+        raise ValueError(f"--voice-objective takes seconds or 'none', got {given!r}") from None
+
+
+def _held(rounds: list[dict[str, Any]], objective: float | None) -> int | None:
+    """The most callers at once of which every one was admitted and the p95 stayed within the objective."""
+    if objective is None:
+        return None
+    fits = [r["callers"] for r in rounds if r["admitted"] == r["callers"] and r["p95"] is not None]
+    return max((n for n in fits if next(r for r in rounds if r["callers"] == n)["p95"] <= objective), default=0)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -127,6 +166,7 @@ def _run(args: argparse.Namespace) -> int:
         raise ValueError(f"--timeout must be > 0 seconds, got {args.timeout}")
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
+    _objective(args.voice_objective)  # a bad value fails before the questions are spoken
     from ..bench.voice import machine
 
     started = time.monotonic()
@@ -153,10 +193,23 @@ def _run(args: argparse.Namespace) -> int:
 def _print(report: dict[str, Any], saved: Path) -> None:
     stages = sorted({s for r in report["rounds"] for s in r["server_median"]} - {"voice_to_voice"})
     print_table(
-        ["callers", "turns", "no reply", "p50 s", "p95 s", "max s", "server v2v s", *(f"{s} s" for s in stages)],
+        [
+            "callers",
+            "admitted",
+            "refused in s",
+            "turns",
+            "no reply",
+            "p50 s",
+            "p95 s",
+            "max s",
+            "server v2v s",
+            *(f"{s} s" for s in stages),
+        ],
         [
             [
                 r["callers"],
+                r["admitted"],
+                r["refused_within_s"],
                 r["turns"],
                 r["no_reply"],
                 r["p50"],
@@ -169,6 +222,11 @@ def _print(report: dict[str, Any], saved: Path) -> None:
         ],
     )
     print("voice to voice on each caller's clock (p50/p95 by nearest rank); server stages: medians of its events")
+    if report["voice_objective_s"] is not None:
+        print(
+            f"voice-to-voice objective {report['voice_objective_s']:g} s: "
+            f"{report['held_within_objective']} callers at once held within it"
+        )
     print()
     print_table(
         ["callers", "caller", "voice", "v2v s", "asked", "heard", "answer"],

@@ -20,10 +20,30 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-peers", type=int, default=8, help="peers connected at once (default 8)")
     p.add_argument("--window", type=int, default=256, help="tokens each session keeps (default 256)")
     p.add_argument("--sinks", type=int, default=4, help="first tokens each session pins (default 4)")
+    p.add_argument(
+        "--voice-objective",
+        type=_objective,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="admit a caller only while every caller's first reply audio can start within SECONDS of the end "
+        "of its speech (p95; default 1.5; a lone caller is always served; 'none': the engine's admission alone)",
+    )
     p.add_argument("--console", action="store_true", help="run the console demo instead (no browser)")
     p.add_argument("--sessions", type=int, default=3, help="console demo: concurrent sessions (default 3)")
     p.add_argument("--tokens", type=int, default=48, help="console demo: tokens each answer may take (default 48)")
     p.epilog = f"Set ${TOKEN_ENV} to require 'Authorization: Bearer <token>' on POST /offer."
+
+
+def _objective(text: str) -> float | None:
+    if text.strip().lower() == "none":
+        return None
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 0 < seconds < float("inf"):
+        raise argparse.ArgumentTypeError(f"--voice-objective takes seconds > 0 or 'none', got {text!r}")
+    return seconds
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -45,7 +65,8 @@ async def _serve(args: argparse.Namespace) -> int:
     from ..webrtc import ServerConfig, WebRTCServer, demo_engine
 
     token = os.environ.get(TOKEN_ENV) or None
-    config = ServerConfig(host=args.host, port=args.port, token=token, max_peers=args.max_peers)
+    given = {"voice_objective": args.voice_objective} if hasattr(args, "voice_objective") else {}
+    config = ServerConfig(host=args.host, port=args.port, token=token, max_peers=args.max_peers, **given)
     if not _loopback(args.host) and token is None:
         print(f"warning: serving on {args.host} with no token; anyone who reaches it may talk", file=sys.stderr)
     print("loading the model and the voice ...", file=sys.stderr, flush=True)

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
@@ -163,8 +164,8 @@ class VoiceAgent:
     the session ``beat_lead`` seconds before the engine's next tick (``Engine.next_tick``;
     ``None``: at once), so its latency is the engine's work, not a wait for the metronome's
     phase, and the reply comes no later. Each answered turn's
-    ``TurnLatency`` goes to the peer as a ``latency`` event and into ``stats`` events as
-    ``voice_to_voice``.
+    ``TurnLatency`` goes to the peer as a ``latency`` event, into ``stats`` events as
+    ``voice_to_voice``, and to ``on_latency`` (a server's voice admission reads it there).
 
     Barge-in: when the caller speaks for ``barge_in`` seconds while a reply is under way, the
     reply stops at once: ``Session.interrupt()`` withdraws the frame being decoded, so the
@@ -195,6 +196,7 @@ class VoiceAgent:
         decode_tokens: int | None = None,
         beat_lead: float | None = 0.01,
         clause_words: int = 3,
+        on_latency: Callable[[TurnLatency], None] | None = None,
     ) -> None:
         if not isinstance(stt, SpeechToText):
             raise ValueError(f"stt must have transcribe(samples, sample_rate), got {stt!r}")
@@ -223,6 +225,7 @@ class VoiceAgent:
         self.barge_in = barge_in
         self.beat_lead = beat_lead
         self.clause_words = clause_words
+        self.on_latency = on_latency
         self.latencies: list[TurnLatency] = []
         self.interruptions = 0
         self._log = get_logger(session_id=session.id)
@@ -478,6 +481,8 @@ class VoiceAgent:
                 send=now - turn.synthesized_at,
             )
             self.latencies.append(latency)
+            if self.on_latency is not None:
+                self.on_latency(latency)
             self._log.info("voice.latency", voice_to_voice=latency.voice_to_voice)
             await self.transport.send_event(latency.event())
 

@@ -195,6 +195,11 @@ class VoiceActivityDetector:
         self._windows, self._voiced, self._quiet, self.speaking = [], 0, 0, False
         self.classifier.reset()
 
+    @property
+    def end_silence(self) -> float:
+        """The seconds of non-speech that end an utterance."""
+        return self._end_silence * self._window_seconds
+
     def __repr__(self) -> str:
         return f"VoiceActivityDetector({self.classifier!r}, end_silence={self._end_silence * self._window_seconds:g} s)"
 

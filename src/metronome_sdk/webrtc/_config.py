@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from ..voice._admission import DEFAULT_OBJECTIVE
+
 __all__: list[str] = []  # internal: ServerConfig and DEFAULT_PROMPT, exported by metronome_sdk.webrtc
 
 # chosen by `metronome eval answers` (docs/voice-agent.md): the most answers right and all in English;
@@ -32,6 +34,10 @@ class ServerConfig:
     how many tokens each of its sessions' output frames may carry (``Session.decode_tokens``):
     4 by default, so a first sentence of 12 tokens can be whole in three ticks, not twelve,
     where the tick's token budget has room (the engine decides, and AIMD sees the cost).
+    ``voice_objective``: the default voice agent's callers are admitted only while each can
+    still hear its first reply audio within that many seconds of the end of its speech (p95,
+    ``VoiceAdmission``: 1.5 s, the upper end of what local CPU pipelines reach); a lone
+    caller is always served; ``None`` admits on the engine's admission alone.
     """
 
     host: str = "127.0.0.1"
@@ -49,6 +55,7 @@ class ServerConfig:
     max_reply_tokens: int = 48
     decode_tokens: int = 4
     demo_page: bool = True
+    voice_objective: float | None = DEFAULT_OBJECTIVE
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:
@@ -73,6 +80,11 @@ class ServerConfig:
                 f"allow_origins must be a tuple of origins like 'https://app.example' (no '*', no path), "
                 f"got {self.allow_origins!r}"
             )
+        objective = self.voice_objective
+        if objective is not None and (
+            isinstance(objective, bool) or not isinstance(objective, int | float) or not 0 < objective < math.inf
+        ):
+            raise ValueError(f"voice_objective must be a number of seconds > 0, or None; got {objective!r}; try 1.5")
         for name in ("busy_retry_after", "media_timeout", "offer_window"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float) or not 0 < value < math.inf:

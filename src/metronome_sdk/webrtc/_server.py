@@ -24,11 +24,12 @@ from aiohttp import web
 
 from .._bearer import bearer_matches
 from .._engine import Engine
-from .._exceptions import EngineClosed, MetronomeError, Overloaded, SessionBroken, SessionClosed
+from .._exceptions import AdmissionRejected, EngineClosed, MetronomeError, Overloaded, SessionBroken, SessionClosed
 from .._log import get_logger
 from .._session import Session
 from ..transports._base import Transport
-from ..voice._agent import VoiceAgent, error_event
+from ..voice._admission import VoiceAdmission, speech_work
+from ..voice._agent import TurnLatency, VoiceAgent, error_event
 from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
 from ..voice._vad import VoiceActivityDetector, default_turn_detector
@@ -74,7 +75,11 @@ class WebRTCServer:
     Each peer's session is handed with its ``WebRTCPeer`` to ``handler``; the default
     handler is a ``VoiceAgent`` with ``stt`` and ``tts`` (by default Whisper tiny.en and Piper's
     joe voice, from the ``[voice]`` extra) and a turn detector from ``vad`` (a factory called
-    once per peer; by default ``default_turn_detector``). When the handler returns or
+    once per peer; by default ``default_turn_detector``); its callers are admitted on
+    ``config.voice_objective`` too (``voice_admission``, a ``VoiceAdmission``; the default
+    voice is timed on one question at start-up, a voice given here by the turns it answers),
+    before the engine's admission is asked.
+    When the handler returns or
     fails, or the peer hangs up or vanishes, the peer connection and the session are
     closed and the session's blocks go back to the pool. ``async with`` starts and stops
     it; stopping closes every peer connection. ``app`` is the aiohttp application, for
@@ -101,6 +106,12 @@ class WebRTCServer:
         self._tts = tts
         self._handler = handler
         self._vad = vad or default_turn_detector
+        # the voice is timed at start-up only where the server loads it: a voice of the caller's
+        # choosing is not called before a caller speaks, and the first turns calibrate instead
+        self._probe = stt is None and tts is None
+        self.voice_admission: VoiceAdmission | None = None
+        if handler is None and self.config.voice_objective is not None:
+            self.voice_admission = VoiceAdmission(self.config.voice_objective, retry_after=self.config.busy_retry_after)
         self._own_voice: list[PiperTTS] = []  # the voices this server started, and stops
         self._log = get_logger()
         self._peers: dict[WebRTCPeer, asyncio.Task[None]] = {}
@@ -139,6 +150,8 @@ class WebRTCServer:
             finally:
                 if voice is not None:
                     await voice
+            if self.voice_admission is not None and self._probe:  # idle now: the model and the voice are loaded
+                await asyncio.to_thread(self._probe_voice, self.voice_admission)
             await self._listen()
         except BaseException:
             await self._close_voice()  # no aclose() follows a failed start
@@ -167,6 +180,13 @@ class WebRTCServer:
             self._own_voice.append(tts)
             tts.load()
             self._tts = tts
+
+    def _probe_voice(self, admission: VoiceAdmission) -> None:
+        assert self._stt is not None and self._tts is not None
+        transcribe, synthesize = speech_work(self._stt, self._tts)
+        # the rest's prior: the turn detector's pause and a few ticks of the engine, until turns say
+        admission.calibrate(work=transcribe + synthesize, rest=self._vad().end_silence + 4 * self.engine.timing.period)
+        self._log.info("webrtc.voice_probe", transcribe=round(transcribe, 3), synthesize=round(synthesize, 3))
 
     @property
     def url(self) -> str:
@@ -288,6 +308,11 @@ class WebRTCServer:
         offer = _parse_offer(await request.read())
         if isinstance(offer, web.Response):
             return offer
+        if self.voice_admission is not None:
+            try:  # the callers already open, this one not counted
+                self.voice_admission.admit(len(self._peers) + self._opening - 1)
+            except AdmissionRejected as exc:
+                return _refuse(503, "voice_objective", str(exc), _retry_after(exc.retry_after))
         try:
             session = self.engine.try_session(self.config.system_prompt)
         except Overloaded as exc:
@@ -333,6 +358,7 @@ class WebRTCServer:
                     vad=self._vad(),
                     max_reply_tokens=self.config.max_reply_tokens,
                     decode_tokens=self.config.decode_tokens,
+                    on_latency=self._observe,
                 )
                 await agent.run()
         except MetronomeError as exc:
@@ -349,6 +375,14 @@ class WebRTCServer:
             await peer.send_event({"type": "closed", "reason": "internal_error"})
         finally:
             await asyncio.shield(self._release(peer, session))
+
+    def _observe(self, latency: TurnLatency) -> None:
+        if self.voice_admission is not None:
+            self.voice_admission.observe(
+                voice_to_voice=latency.voice_to_voice,
+                speech=latency.transcribe + latency.synthesize,
+                callers=len(self._peers),
+            )
 
     async def _release(self, peer: WebRTCPeer, session: Session) -> None:
         await peer.aclose()

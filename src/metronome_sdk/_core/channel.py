@@ -18,21 +18,21 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ._exceptions import DeadlineMissed, MetronomeError
-from ._frames import InputFrame, OutputFrame
-from ._signal import Signal
+from .._exceptions import DeadlineMissed, MetronomeError
+from .._frames import InputFrame, OutputFrame
+from .signal import Signal
 
-__all__: list[str] = []  # internal: SessionChannel, Pending, DecodeRounds, Put, State
+__all__: list[str] = []  # internal: SessionChannel, QueuedFrame, DecodeRounds, ResultFate, ChannelState
 
 
-class State(enum.Enum):
+class ChannelState(enum.Enum):
     OPEN = "open"
     CLOSED = "closed"  # by the application
     ENDED = "ended"  # by the engine, with an error
     ENGINE_CLOSED = "engine_closed"  # the application closed the engine
 
 
-class Put(enum.Enum):
+class ResultFate(enum.Enum):
     """What became of a result handed to the channel."""
 
     DELIVERED = "delivered"
@@ -78,14 +78,14 @@ class DecodeRounds:
 
 
 @dataclass(slots=True, eq=False)
-class Pending:
+class QueuedFrame:
     """An input frame waiting for the ticks that append it (a long frame takes several)."""
 
     frame: InputFrame
     tokens: list[int]  # still to append
     submitted: float
     index: int
-    prefix: int = 0  # leading tokens that are the system prompt's (handed back if the frame is withdrawn)
+    carried: int = 0  # leading tokens carried from the session's context (a prompt, a turn): handed back if withdrawn
     first_turn: bool = False  # it rendered the chat template's preamble
     started: bool = False  # some of its tokens were appended: it can no longer be withdrawn
     in_tick: bool = False
@@ -112,10 +112,10 @@ class SessionChannel:
     input_queue: int
     output_queue: int
     drop_oldest: bool
-    state: State = State.OPEN
+    state: ChannelState = ChannelState.OPEN
     error: MetronomeError | None = None  # why the engine ended it
     counts: SessionCounts = field(default_factory=SessionCounts)
-    inputs: deque[Pending] = field(default_factory=deque)
+    inputs: deque[QueuedFrame] = field(default_factory=deque)
     _results: deque[tuple[int | None, Result]] = field(default_factory=deque)
     _withdrawn: set[int] = field(default_factory=set)  # in a tick: their results are discarded on arrival
     # unread results' tokens already in the session's context, by frame: a frame decoding several
@@ -131,11 +131,11 @@ class SessionChannel:
 
     @property
     def open(self) -> bool:
-        return self.state is State.OPEN
+        return self.state is ChannelState.OPEN
 
-    def close(self, state: State = State.CLOSED) -> None:
+    def close(self, state: ChannelState = ChannelState.CLOSED) -> None:
         """The application (or its engine's closing) closed the channel: inputs and unread results go."""
-        if self.state is not State.OPEN:
+        if self.state is not ChannelState.OPEN:
             return
         self.state = state
         self.inputs.clear()
@@ -144,9 +144,9 @@ class SessionChannel:
 
     def end(self, error: MetronomeError) -> None:
         """The engine ended the session: unread results stay, then ``error``; inputs are dropped."""
-        if self.state is not State.OPEN:
+        if self.state is not ChannelState.OPEN:
             return
-        self.state = State.ENDED
+        self.state = ChannelState.ENDED
         self.error = error
         self.inputs.clear()
         self._results.append((None, error))
@@ -157,7 +157,7 @@ class SessionChannel:
     def has_input_room(self) -> bool:
         return len(self.inputs) < self.input_queue
 
-    def put_input(self, pending: Pending) -> None:
+    def put_input(self, pending: QueuedFrame) -> None:
         self.inputs.append(pending)
         self.counts.sent += 1
         if pending.frame.kind != "empty":
@@ -172,20 +172,20 @@ class SessionChannel:
         if self.is_unread(index):
             self._in_context[index] = self._in_context.get(index, 0) + 1
 
-    def put(self, index: int | None, item: Result) -> Put:
+    def put(self, index: int | None, item: Result) -> ResultFate:
         """Hand a result to the reader within the bounded output queue."""
-        if self.state is not State.OPEN or (index is not None and self._withdrawn_now(index)):
-            return Put.DISCARDED
+        if self.state is not ChannelState.OPEN or (index is not None and self._withdrawn_now(index)):
+            return ResultFate.DISCARDED
         if len(self._results) < self.output_queue:
             self._append(index, item)
-            return Put.DELIVERED
+            return ResultFate.DELIVERED
         if not self.drop_oldest:
-            return Put.OVERFLOW
+            return ResultFate.OVERFLOW
         tag, _ = self._results.popleft()
         if tag is not None:
             self._count_untrimmed(tag)
         self._append(index, item)
-        return Put.DROPPED_OLDEST
+        return ResultFate.DROPPED_OLDEST
 
     def withdrawn(self, index: int) -> bool:
         """Whether nobody waits for frame ``index`` any more (its result will be discarded)."""
@@ -235,7 +235,7 @@ class SessionChannel:
     def is_unread(self, index: int) -> bool:
         return any(tag == index for tag, _ in self._results)
 
-    def withdraw(self, index: int) -> Pending | None:
+    def withdraw(self, index: int) -> QueuedFrame | None:
         """Nobody waits for frame ``index`` any more; the frame itself if it left no trace (never appended)."""
         for i, (tag, _) in enumerate(self._results):
             if tag == index:
@@ -252,7 +252,7 @@ class SessionChannel:
                 return p
         return None  # already taken by the reader, or never sent
 
-    def withdraw_all(self, answer: Callable[[int], BaseException]) -> list[Pending]:
+    def withdraw_all(self, answer: Callable[[int], BaseException]) -> list[QueuedFrame]:
         """Every frame not yet answered is answered with ``answer(index)`` instead, in order.
 
         Unread results go; queued frames come back (returned, never appended); frames in a
@@ -262,8 +262,8 @@ class SessionChannel:
         for index in indices:
             self._count_untrimmed(index)
         self._results = deque((tag, item) for tag, item in self._results if tag is None)
-        kept: deque[Pending] = deque()
-        gone: list[Pending] = []
+        kept: deque[QueuedFrame] = deque()
+        gone: list[QueuedFrame] = []
         for p in self.inputs:
             if p.index not in self._withdrawn:  # nobody waits for one withdrawn before
                 indices.append(p.index)

@@ -1,7 +1,7 @@
-"""Admission at the door: admit a session into a slot, wait for room, or refuse it.
+"""Admission at the door: admit a session, wait for room, or refuse it.
 
-The AIMD cap and the memory guard decide (``_admission.py``); the gate applies their answer
-to a session that wants in: a ``Slot`` in the engine's admitted set, or ``AdmissionRejected``
+The AIMD cap and the memory guard decide (``admission.py``); the door applies their answer
+to a session that wants in: its state in the engine's admitted set, or ``AdmissionRejected``
 with ``retry_after``. ``room()`` is fired whenever a place may have opened (a session closed,
 the cap rose), so waiting sessions try again.
 """
@@ -13,25 +13,24 @@ from typing import Any
 
 import anyio
 
-from metronome_engine import SamplingParams
+from .._exceptions import AdmissionRejected, CacheExhausted
+from .._log import get_logger
+from .admission import Admitter
+from .channel import SessionChannel
+from .counters import Counters
+from .encoding import InputEncoder
+from .link import SessionRequest
+from .memory import ConversationMemory
+from .signal import Signal
+from .state import EngineState, SessionState
 
-from ._admission import Admitter
-from ._channel import SessionChannel
-from ._counters import Counters
-from ._encoding import InputEncoder
-from ._exceptions import AdmissionRejected, CacheExhausted
-from ._log import get_logger
-from ._memory import ConversationMemory
-from ._signal import Signal
-from ._state import Shared, Slot
-
-__all__: list[str] = []  # internal: Gate
+__all__: list[str] = []  # internal: AdmissionDoor
 
 
-class Gate:
+class AdmissionDoor:
     def __init__(
         self,
-        shared: Shared,
+        shared: EngineState,
         admitter: Admitter,
         counters: Counters,
         encoder: InputEncoder,
@@ -52,62 +51,46 @@ class Gate:
         """A place may have opened: sessions waiting at the door try again."""
         self._room.fire()
 
-    async def wait(
-        self,
-        channel: SessionChannel,
-        system_prompt: str | None,
-        sampling: SamplingParams | None,
-        log: Any,
-        timeout: float,
-        pin_system_prompt: bool = True,
-    ) -> Slot:
+    async def wait(self, channel: SessionChannel, request: SessionRequest, timeout: float) -> SessionState:
         """Admit, waiting up to ``timeout`` seconds (real time) for room; else ``AdmissionRejected``."""
         if timeout < 0 or not math.isfinite(timeout):
             raise ValueError(f"timeout must be a finite number >= 0 (seconds), got {timeout!r}")
         with anyio.move_on_after(timeout):
-            while (slot := self.try_admit(channel, system_prompt, sampling, log, pin_system_prompt)) is None:
+            while (slot := self.try_admit(channel, request)) is None:
                 await self._room.wait()
             return slot
         raise self.reject(channel.session_id)
 
-    def admit_nowait(
-        self,
-        channel: SessionChannel,
-        system_prompt: str | None,
-        sampling: SamplingParams | None,
-        log: Any,
-        pin_system_prompt: bool = True,
-    ) -> Slot:
-        slot = self.try_admit(channel, system_prompt, sampling, log, pin_system_prompt)
+    def admit_nowait(self, channel: SessionChannel, request: SessionRequest) -> SessionState:
+        slot = self.try_admit(channel, request)
         if slot is None:
             raise self.reject(channel.session_id)
         return slot
 
-    def try_admit(
-        self,
-        channel: SessionChannel,
-        system_prompt: str | None,
-        sampling: SamplingParams | None,
-        log: Any,
-        pin_system_prompt: bool = True,
-    ) -> Slot | None:
+    def try_admit(self, channel: SessionChannel, request: SessionRequest) -> SessionState | None:
         shared, admitter = self.shared, self.admitter
+        system_prompt, log = request.system_prompt, request.log
         prefix = self.encoder.system(system_prompt) if system_prompt is not None else []
-        memory, pinned_blocks = self._pin(channel.session_id, len(prefix), pin_system_prompt, log)
-        held = sum(s.pinned_blocks for s in shared.slots.values()) + pinned_blocks
+        memory, pinned_blocks = self._pin(channel.session_id, len(prefix), request.pin_system_prompt, log)
+        held = sum(s.pinned_blocks for s in shared.sessions.values()) + pinned_blocks
         free = shared.pool.num_blocks - shared.pool.used_blocks
-        if not admitter.admits(len(shared.slots), free_blocks=free, pinned_blocks=held):
+        if not admitter.admits(len(shared.sessions), free_blocks=free, pinned_blocks=held):
             return None
-        slot = Slot(channel.session_id, channel, sampling, log, memory=memory, pinned_blocks=pinned_blocks)
+        slot = SessionState(
+            channel.session_id,
+            channel,
+            request.sampling,
+            log,
+            memory=memory,
+            pinned_blocks=pinned_blocks,
+            decode_tokens=request.decode_tokens,
+        )
         if system_prompt is not None:
-            if self.prompt_at_open:  # the tick loop prefills all but its last token, which goes with the first frame
-                slot.prefill, slot.prefix = prefix[:-1], prefix[-1:]
-            else:
-                slot.prefix = prefix
-            slot.rendered = True
-        shared.slots[slot.session_id] = slot
-        self.counters.session_admitted(len(shared.slots))
-        log.info("admission.admitted", in_flight=len(shared.slots), limit=admitter.limit)
+            # prompt_at_open: the tick loop prefills all but its last token, which goes with the first frame
+            slot.queue_prompt(prefix, ahead=self.prompt_at_open)
+        shared.sessions[slot.session_id] = slot
+        self.counters.session_admitted(len(shared.sessions))
+        log.info("admission.admitted", in_flight=len(shared.sessions), limit=admitter.limit)
         return slot
 
     def _pin(self, session_id: int, prompt_tokens: int, pin: bool, log: Any) -> tuple[ConversationMemory, int]:
@@ -119,11 +102,10 @@ class Gate:
         session_blocks = self.shared.session_blocks
         if not pinned or session_blocks is None:
             return memory, 0
-        try:
-            bound = core.session_bound_blocks(chunk=self.max_chunk, pinned=pinned)  # type: ignore[call-arg]
-        except TypeError:  # a backend without pinned prefixes: the prompt slides, and the session says so
+        if not core.pins_prefixes:  # the prompt slides with the window, and the session says so
             log.warning("session.prompt_not_pinned", backend=type(core).__name__, prompt_tokens=prompt_tokens)
             return ConversationMemory(core.policy, prompt_tokens=prompt_tokens), 0
+        bound = core.session_bound_blocks(chunk=self.max_chunk, pinned=pinned)  # type: ignore[call-arg]
         assert bound is not None  # bounded policy
         pool = self.shared.pool.num_blocks
         if bound > pool:
@@ -140,7 +122,7 @@ class Gate:
         admitter = self.admitter
         admitter.record_rejection()
         self.counters.session_rejected()
-        limit, in_flight, retry_after = admitter.limit, len(self.shared.slots), admitter.retry_after()
+        limit, in_flight, retry_after = admitter.limit, len(self.shared.sessions), admitter.retry_after()
         self._log.warning(
             "admission.rejected", session_id=session_id, limit=limit, in_flight=in_flight, retry_after=retry_after
         )

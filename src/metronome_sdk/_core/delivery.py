@@ -1,6 +1,6 @@
 """Applying outcomes: the answer, the stall error or the end a session's frame gets.
 
-``_outcome.classify`` decides what a step did for a frame; ``Delivery.apply`` acts on it: it
+``outcome.classify`` decides what a step did for a frame; ``Delivery.apply`` acts on it: it
 moves the session's KV numbers, builds the output frame or the typed error, counts it
 (``Counters``) and hands it to the session's channel under the slow-consumer policy.
 """
@@ -10,12 +10,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ._admission import Admitter
-from ._channel import Pending, Put
-from ._codec import TextTokenizer
-from ._config import ReliabilityConfig, TimingConfig
-from ._counters import Counters, Fault
-from ._exceptions import (
+from metronome_engine import Stall
+
+from .._codec import TextTokenizer
+from .._config import ReliabilityConfig, TimingConfig
+from .._exceptions import (
     CacheExhausted,
     DeadlineMissed,
     EngineStalled,
@@ -24,15 +23,19 @@ from ._exceptions import (
     SessionBroken,
     StallReason,
 )
-from ._frames import OutputFrame
-from ._outcome import Entry, Kind, Outcome
-from ._state import Slot
+from .._frames import OutputFrame
+from .admission import Admitter
+from .channel import QueuedFrame, ResultFate
+from .counters import Counters, Fault
+from .outcome import FrameChunk, Outcome, OutcomeKind
+from .state import SessionState
+from .step import StepResult
 
-__all__: list[str] = []  # internal: Delivery, Applied
+__all__: list[str] = []  # internal: Delivery, Delivered
 
 
 @dataclass(frozen=True, slots=True)
-class Applied:
+class Delivered:
     latency: float | None = None  # the frame was answered this tick
     grown: int = 0  # blocks the session took in this step
     stalled: bool = False
@@ -58,7 +61,7 @@ class Delivery:
         reliability: ReliabilityConfig,
         admitter: Admitter,
         tokenizer: TextTokenizer | None,
-        end_session: Callable[[Slot, MetronomeError, Fault], bool],
+        end_session: Callable[[SessionState, MetronomeError, Fault], bool],
         in_flight: Callable[[], int],
     ) -> None:
         self.counters = counters
@@ -71,7 +74,7 @@ class Delivery:
 
     def apply(
         self,
-        entry: Entry,
+        entry: FrameChunk,
         outcome: Outcome,
         *,
         tick: int,
@@ -80,42 +83,44 @@ class Delivery:
         pool_blocks: int,
         cause: BaseException | None = None,
         tries: int = 0,
-    ) -> Applied:
+    ) -> Delivered:
         slot, pending = entry.slot, entry.pending
         match outcome.kind:
-            case Kind.IGNORED:
-                return Applied()
-            case Kind.STEP_FAILED:
+            case OutcomeKind.IGNORED:
+                return Delivered()
+            case OutcomeKind.STEP_FAILED:
                 self._take(slot, pending)
                 why = f"the step failed {tries} times ({cause!r}); nothing was appended"
                 self.stalled(slot, pending, StallReason.STEP_FAILED, why, cause)
-                return Applied()
-            case Kind.BROKEN:
+                return Delivered()
+            case OutcomeKind.BROKEN:
                 self._break(slot, pending)
-                return Applied()
-            case Kind.LATE:
+                return Delivered()
+            case OutcomeKind.LATE:
                 # a stuck step that came back: its tokens are in the context, its frame was answered
                 slot.num_tokens, slot.num_blocks = outcome.num_tokens, outcome.num_blocks
-                slot.feedback = None  # its output was never delivered, so the model does not see it
-                return Applied()
-            case Kind.STALLED | Kind.CACHE_EXHAUSTED:
+                slot.reply_withdrawn()  # its output was never delivered, so the model does not see it
+                return Delivered()
+            case OutcomeKind.STALLED | OutcomeKind.CACHE_EXHAUSTED:
                 return self._stall(entry, outcome, tick, done, used_blocks, pool_blocks)
-            case Kind.APPENDED | Kind.ANSWERED:
+            case OutcomeKind.APPENDED | OutcomeKind.ANSWERED:
                 grown = outcome.num_blocks - slot.num_blocks
                 self._remember(entry, outcome.num_tokens)
                 slot.num_tokens, slot.num_blocks = outcome.num_tokens, outcome.num_blocks
-                slot.feedback = None
+                slot.reply_appended()
                 del pending.tokens[: entry.taken]
                 pending.started = True
-                if outcome.kind is Kind.APPENDED:
-                    return Applied(grown=grown)
+                if outcome.kind is OutcomeKind.APPENDED:
+                    return Delivered(grown=grown)
                 self._take(slot, pending)
                 latency, put = self.answer(slot, pending, outcome.tokens, tick, done)
-                if put is not Put.DISCARDED:  # a withdrawn reply is not fed back: the context keeps what was delivered
-                    slot.feedback = (outcome.tokens[-1], pending.index)
-                return Applied(latency=latency, grown=grown)
+                if (
+                    put is not ResultFate.DISCARDED
+                ):  # a withdrawn reply is not fed back: the context keeps what was delivered
+                    slot.reply_delivered(outcome.tokens[-1], pending.index)
+                return Delivered(latency=latency, grown=grown)
 
-    def _remember(self, entry: Entry, num_tokens: int) -> None:
+    def _remember(self, entry: FrameChunk, num_tokens: int) -> None:
         """Keep the account of what the session's model still sees (docs/sessions.md): say
         when the window drops a whole turn or the system prompt, count every token it drops."""
         slot, pending = entry.slot, entry.pending
@@ -139,15 +144,15 @@ class Delivery:
             )
 
     @staticmethod
-    def _take(slot: Slot, pending: Pending) -> None:
+    def _take(slot: SessionState, pending: QueuedFrame) -> None:
         inputs = slot.channel.inputs
         if inputs and inputs[0] is pending:
             inputs.popleft()
             slot.channel.input_taken()
 
     def answer(
-        self, slot: Slot, pending: Pending, tokens: tuple[int, ...], tick: int, done: float
-    ) -> tuple[float, Put]:
+        self, slot: SessionState, pending: QueuedFrame, tokens: tuple[int, ...], tick: int, done: float
+    ) -> tuple[float, ResultFate]:
         latency = done - pending.submitted
         deadline = self.timing.frame_deadline
         missed = latency > deadline
@@ -177,15 +182,15 @@ class Delivery:
         return latency, self.push(slot, pending.index, out)
 
     def _stall(
-        self, entry: Entry, outcome: Outcome, tick: int, done: float, used_blocks: int, pool_blocks: int
-    ) -> Applied:
+        self, entry: FrameChunk, outcome: Outcome, tick: int, done: float, used_blocks: int, pool_blocks: int
+    ) -> Delivered:
         """The pool (or the backend) could not take this chunk: nothing was appended. Tell the session."""
         slot, pending = entry.slot, entry.pending
         self._take(slot, pending)  # the frame is handed back in the error; the session may send it again
         self.counters.stall(slot.channel.counts)
         reason = outcome.reason
         assert reason is not None
-        exhausted = outcome.kind is Kind.CACHE_EXHAUSTED
+        exhausted = outcome.kind is OutcomeKind.CACHE_EXHAUSTED
         slot.log.warning(
             "session.stalled",
             reason=reason.value,
@@ -215,10 +220,15 @@ class Delivery:
                 frame=pending.frame,
             )
         self.push(slot, pending.index, error)
-        return Applied(stalled=True)
+        return Delivered(stalled=True)
 
     def stalled(
-        self, slot: Slot, pending: Pending, reason: StallReason, why: str, cause: BaseException | None = None
+        self,
+        slot: SessionState,
+        pending: QueuedFrame,
+        reason: StallReason,
+        why: str,
+        cause: BaseException | None = None,
     ) -> None:
         """A fault (failed or stuck step) left ``pending`` unserved: hand it back in an ``EngineStalled``."""
         self.counters.stall(slot.channel.counts)
@@ -232,11 +242,11 @@ class Delivery:
         slot.log.warning("session.stalled", reason=reason.value, frame=pending.index)
         self.push(slot, pending.index, err)
 
-    def prompt_broken(self, slot: Slot) -> None:
+    def prompt_broken(self, slot: SessionState) -> None:
         """Non-finite logits while the system prompt was prefilled ahead of any frame."""
         self._break(slot, None)
 
-    def _break(self, slot: Slot, pending: Pending | None) -> None:
+    def _break(self, slot: SessionState, pending: QueuedFrame | None) -> None:
         """Non-finite logits: the session's state is corrupt. The core dropped it; end the session."""
         slot.seq_id = None  # the core freed the sequence (and scrubbed its blocks) already
         slot.num_blocks = 0
@@ -256,17 +266,17 @@ class Delivery:
 
     # the slow-consumer policy ----------------------------------------------------------------------
 
-    def push(self, slot: Slot, index: int | None, item: OutputFrame | BaseException) -> Put:
+    def push(self, slot: SessionState, index: int | None, item: OutputFrame | BaseException) -> ResultFate:
         """Hand ``item`` to the session within its bounded output queue; shed a session that does not read."""
         channel = slot.channel
         put = channel.put(index, item)
-        if put is Put.DROPPED_OLDEST:
+        if put is ResultFate.DROPPED_OLDEST:
             dropped = channel.counts.outputs_dropped + 1
             self.counters.output_dropped(channel.counts)
             cap = self.reliability.output_queue
             if dropped == 1 or dropped % cap == 0:  # a slow reader is one event per queue-full, not per frame
                 slot.log.warning("session.outputs_dropped", dropped=dropped, output_queue=cap)
-        elif put is Put.OVERFLOW:
+        elif put is ResultFate.OVERFLOW:
             cap = self.reliability.output_queue
             self.shed(
                 slot,
@@ -275,7 +285,7 @@ class Delivery:
             )
         return put
 
-    def shed(self, slot: Slot, message: str) -> None:
+    def shed(self, slot: SessionState, message: str) -> None:
         """End ``slot``'s session with ``LoadShed`` to protect the others."""
         shed = LoadShed(
             message,
@@ -285,3 +295,29 @@ class Delivery:
             session_id=slot.session_id,
         )
         self._end_session(slot, shed, Fault.SHED)
+
+
+# context appended ahead of the frames ------------------------------------------------------------
+
+
+def apply_context_ahead(
+    prefills: list[tuple[SessionState, int]], result: StepResult, first: int, delivery: Delivery
+) -> None:
+    """``prefills[j]`` (a session, the prompt tokens it appended) is the step's work ``first + j``."""
+    for j, (slot, n) in enumerate(prefills):
+        slot.seq_id = result.seq_ids[first + j]  # opened by this step: freed with the session
+        if result.error is not None:
+            continue  # nothing appended: tried again next tick, and the failed tick is counted
+        out = result.outputs[first + j]
+        if out.stall is Stall.NUMERIC_FAULT:
+            delivery.prompt_broken(slot)  # the core dropped its sequence
+            continue
+        if out.stall is not None:
+            slot.context_to_first_frame()
+            slot.channel.context_appended()  # an append() waiting on it returns: the frame reports the stall
+            continue
+        slot.context_appended(n)
+        slot.num_tokens, slot.num_blocks = out.num_tokens, out.num_blocks
+        if slot.memory is not None:
+            slot.memory.update(out.num_tokens)
+        slot.channel.context_appended()

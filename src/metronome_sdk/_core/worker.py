@@ -22,7 +22,7 @@ import anyio
 import anyio.from_thread
 import anyio.lowlevel
 
-__all__: list[str] = []  # internal: CoreThread, Job, CoreAbandoned
+__all__: list[str] = []  # internal: CoreThread, CoreCall, CoreAbandoned
 
 T = TypeVar("T")
 _names = itertools.count(1)
@@ -32,7 +32,7 @@ class CoreAbandoned(RuntimeError):
     """The engine gave up on its core thread (a stuck step); no more calls run there."""
 
 
-class Job(Generic[T]):
+class CoreCall(Generic[T]):
     """One call on the core thread. ``done`` fires (in the event loop) when it has returned or raised."""
 
     __slots__ = ("_notify", "args", "done", "error", "fn", "result", "returned")
@@ -87,11 +87,11 @@ class CoreThread:
 
     def __init__(self, name: str = "metronome-engine") -> None:
         self.name = f"{name}-{next(_names)}"
-        self._jobs: queue.SimpleQueue[Job[Any] | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[CoreCall[Any] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._abandoned = False
         self._lock = threading.Lock()
-        self._pending: set[Job[Any]] = set()
+        self._pending: set[CoreCall[Any]] = set()
 
     @property
     def thread(self) -> threading.Thread | None:
@@ -111,9 +111,9 @@ class CoreThread:
         except OSError:  # the thread has exited
             return None
 
-    def submit(self, fn: Callable[..., T], *args: Any) -> Job[T]:
+    def submit(self, fn: Callable[..., T], *args: Any) -> CoreCall[T]:
         """Queue ``fn(*args)``; await ``job.done``, then ``job.outcome()``. Call from the event loop."""
-        job: Job[T] = Job(fn, args, _notifier())
+        job: CoreCall[T] = CoreCall(fn, args, _notifier())
         if self._abandoned:
             job.done.set()  # outcome() raises CoreAbandoned
             return job

@@ -1,7 +1,7 @@
 """What a step's result means for one session's frame: ``classify(entry, output) -> Outcome``.
 
 Pure: it reads the entry and the core's output and changes nothing, so every branch is
-tested without a model (tests/sdk/test_outcome.py). ``_delivery.py`` applies the outcome.
+tested without a model (tests/sdk/core/test_outcome.py). ``delivery.py`` applies the outcome.
 The core's stall reasons are mapped to the SDK's here, exhaustively, in one place.
 """
 
@@ -14,19 +14,19 @@ from typing import assert_never
 
 from metronome_engine import PoolStats, Stall, StepOutput
 
-from ._channel import Pending, State
-from ._exceptions import StallReason
-from ._state import Slot
+from .._exceptions import StallReason
+from .channel import ChannelState, QueuedFrame
+from .state import SessionState
 
-__all__: list[str] = []  # internal: Entry, StepFailed, Outcome, Kind, classify
+__all__: list[str] = []  # internal: FrameChunk, StepFailed, Outcome, OutcomeKind, classify
 
 
 @dataclass(slots=True, eq=False)
-class Entry:
+class FrameChunk:
     """One session's part of one tick."""
 
-    slot: Slot
-    pending: Pending
+    slot: SessionState
+    pending: QueuedFrame
     tokens: list[int]  # the chunk: the feedback token (if any), then up to the budget of the frame's tokens
     taken: int  # of pending.tokens
     finishes: bool  # the frame's last token is in this chunk: sample its output
@@ -42,7 +42,7 @@ class StepFailed:
     tries: int
 
 
-class Kind(enum.Enum):
+class OutcomeKind(enum.Enum):
     IGNORED = "ignored"  # the session was closed while its step ran (its closer frees the sequence)
     STEP_FAILED = "step_failed"  # nothing appended; the frame is handed back
     BROKEN = "broken"  # non-finite logits: the core dropped the sequence
@@ -55,7 +55,7 @@ class Kind(enum.Enum):
 
 @dataclass(frozen=True, slots=True)
 class Outcome:
-    kind: Kind
+    kind: OutcomeKind
     reason: StallReason | None = None
     tokens: tuple[int, ...] = ()  # ANSWERED: the tokens decoded for the frame (LATE: for the stuck one)
     num_tokens: int = 0  # the session's stream length after the step
@@ -77,7 +77,7 @@ def stall_reason(stall: Stall) -> StallReason | None:
 
 
 def classify(
-    entry: Entry, output: StepOutput | StepFailed, *, pool: PoolStats, bounded: bool, decoded: tuple[int, ...] = ()
+    entry: FrameChunk, output: StepOutput | StepFailed, *, pool: PoolStats, bounded: bool, decoded: tuple[int, ...] = ()
 ) -> Outcome:
     """What the step did for ``entry``. ``bounded``: every session's KV is bounded (a window policy).
 
@@ -87,30 +87,32 @@ def classify(
     if not decoded and isinstance(output, StepOutput) and output.token is not None:
         decoded = (output.token,)
     state = entry.slot.channel.state
-    if state is State.CLOSED or state is State.ENGINE_CLOSED:
-        return Outcome(Kind.IGNORED)
+    if state is ChannelState.CLOSED or state is ChannelState.ENGINE_CLOSED:
+        return Outcome(OutcomeKind.IGNORED)
     if isinstance(output, StepFailed):
-        if entry.answered or state is not State.OPEN:
-            return Outcome(Kind.IGNORED)
-        return Outcome(Kind.STEP_FAILED, reason=StallReason.STEP_FAILED)
+        if entry.answered or state is not ChannelState.OPEN:
+            return Outcome(OutcomeKind.IGNORED)
+        return Outcome(OutcomeKind.STEP_FAILED, reason=StallReason.STEP_FAILED)
     if output.stall is Stall.NUMERIC_FAULT:
-        return Outcome(Kind.BROKEN, num_tokens=output.num_tokens)
-    if state is not State.OPEN:
-        return Outcome(Kind.IGNORED)  # ended by the engine in this tick (shed): freed after it
+        return Outcome(OutcomeKind.BROKEN, num_tokens=output.num_tokens)
+    if state is not ChannelState.OPEN:
+        return Outcome(OutcomeKind.IGNORED)  # ended by the engine in this tick (shed): freed after it
     if entry.answered:
         if output.stall is None:
-            return Outcome(Kind.LATE, tokens=decoded, num_tokens=output.num_tokens, num_blocks=output.num_blocks)
-        return Outcome(Kind.IGNORED)
+            return Outcome(OutcomeKind.LATE, tokens=decoded, num_tokens=output.num_tokens, num_blocks=output.num_blocks)
+        return Outcome(OutcomeKind.IGNORED)
     if output.stall is not None:
         reason = stall_reason(output.stall)
         assert reason is not None  # the numeric fault was handled above
         if reason is StallReason.POOL_EXHAUSTED:
             needed = math.ceil((output.num_tokens + len(entry.tokens)) / pool.block_size)
             if not bounded and needed > pool.num_blocks:
-                return Outcome(Kind.CACHE_EXHAUSTED, reason=reason, num_tokens=output.num_tokens, needed_blocks=needed)
-        return Outcome(Kind.STALLED, reason=reason, num_tokens=output.num_tokens, num_blocks=output.num_blocks)
+                return Outcome(
+                    OutcomeKind.CACHE_EXHAUSTED, reason=reason, num_tokens=output.num_tokens, needed_blocks=needed
+                )
+        return Outcome(OutcomeKind.STALLED, reason=reason, num_tokens=output.num_tokens, num_blocks=output.num_blocks)
     if not entry.finishes:
-        return Outcome(Kind.APPENDED, num_tokens=output.num_tokens, num_blocks=output.num_blocks)
+        return Outcome(OutcomeKind.APPENDED, num_tokens=output.num_tokens, num_blocks=output.num_blocks)
     if not decoded:
         raise RuntimeError(f"the engine core sampled no token for seq_id={output.seq_id}, though asked to")
-    return Outcome(Kind.ANSWERED, tokens=decoded, num_tokens=output.num_tokens, num_blocks=output.num_blocks)
+    return Outcome(OutcomeKind.ANSWERED, tokens=decoded, num_tokens=output.num_tokens, num_blocks=output.num_blocks)

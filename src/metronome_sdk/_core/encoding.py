@@ -7,11 +7,11 @@ engine's codec, token frames are checked against the model's vocabulary.
 
 from __future__ import annotations
 
-from ._channel import Pending
-from ._codec import FrameCodec, TextTokenizer, chat_turn
-from ._exceptions import InputQueueFull
-from ._frames import InputFrame
-from ._state import Slot
+from .._codec import FrameCodec, TextTokenizer, chat_turn
+from .._exceptions import InputQueueFull
+from .._frames import InputFrame
+from .channel import QueuedFrame
+from .state import SessionState
 
 __all__: list[str] = []  # internal: InputEncoder
 
@@ -64,7 +64,7 @@ class InputEncoder:
                 raise ValueError(f"{field} {t!r}, outside the model's vocabulary [0, {vocab}); nothing was queued")
         return ids
 
-    def queue(self, slot: Slot, frame: InputFrame, *, submitted: float, retry_after: float) -> Pending:
+    def queue(self, slot: SessionState, frame: InputFrame, *, submitted: float, retry_after: float) -> QueuedFrame:
         """Encode ``frame`` and put it in the session's input queue; ``InputQueueFull`` when it is full."""
         channel = slot.channel
         if not channel.has_input_room():
@@ -78,25 +78,21 @@ class InputEncoder:
             )
         first_turn = not slot.rendered and bool(frame.text)
         tokens = self.frame(frame, rendered=slot.rendered)
-        prefix = len(slot.prefix)
-        if not tokens and not prefix and channel.counts.sent == 0:
+        carried = len(slot.with_next_frame)
+        if not tokens and not carried and channel.counts.sent == 0:
             raise ValueError(
                 "the first frame of a session must carry input (text, audio or tokens) or follow a system prompt"
             )
-        if frame.text:
-            slot.rendered = True
-        if slot.prefix:
-            tokens = slot.prefix + tokens
-            slot.prefix = []
-        pending = Pending(frame, tokens, submitted, channel.counts.sent, prefix=prefix, first_turn=first_turn)
+        tokens = slot.take_with_next_frame(text=bool(frame.text)) + tokens
+        pending = QueuedFrame(frame, tokens, submitted, channel.counts.sent, carried=carried, first_turn=first_turn)
         channel.put_input(pending)
         return pending
 
-    def turn_ahead(self, slot: Slot, text: str) -> int:
+    def turn_ahead(self, slot: SessionState, text: str) -> int:
         """Queue the user's turn ``text`` as context before the session's next frame; its tokens.
 
         All but its last token go to the tick loop's prefill (appended in ticks with no output,
-        ``_tick.py``); the last goes with the next frame, so an empty frame answers the turn.
+        ``tick.py``); the last goes with the next frame, so an empty frame answers the turn.
         """
         channel = slot.channel
         if channel.inputs:
@@ -107,24 +103,6 @@ class InputEncoder:
         tokens = self.frame(InputFrame.from_text(text), rendered=slot.rendered)
         if not tokens:
             raise ValueError("append() needs text that is not empty; nothing was queued")
-        slot.rendered = True
-        head: list[int] = []
-        if slot.feedback is not None:  # the last reply's last token goes in first: the model sees its reply
-            token, index = slot.feedback
-            channel.feedback_appended(index)
-            slot.feedback, head = None, [token]
-        if slot.memory is not None:  # the turn begins after the context before it and the fed-back token
-            slot.memory.turn_started(slot.num_tokens + len(slot.prefill) + len(slot.prefix) + len(head))
-        context = slot.prefix + head + tokens
-        slot.prefill.extend(context[:-1])
-        slot.prefix = context[-1:]
+        slot.queue_turn(tokens)
         channel.reply = []  # new input: the next outputs are a new reply (what interrupt() keeps)
         return len(tokens)
-
-    @staticmethod
-    def withdrawn(slot: Slot, pending: Pending) -> None:
-        """``pending`` left the queue unappended (a cancelled step, an interrupt): hand back what it carried."""
-        if pending.prefix:
-            slot.prefix = pending.tokens[: pending.prefix] + slot.prefix
-        if pending.first_turn:
-            slot.rendered = False

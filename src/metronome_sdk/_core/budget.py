@@ -1,8 +1,10 @@
-"""The per-tick token budget: which session appends how many tokens this tick. Pure Python.
+"""The per-tick token budget: how many tokens a tick appends, and which session appends how many.
+
+``tick_budget`` sizes a tick from the measured step cost (``TimingConfig.tick_tokens``).
 
 A tick's step time grows with the tokens it appends, so a tick that took every session's
 whole chunk at once (four newcomers' prompts, say) ran for seconds and every session in
-it missed its beat. ``plan_tick`` caps a tick's tokens at a budget (sized elsewhere from
+it missed its beat. ``plan_tick`` caps a tick's tokens at a budget (``tick_budget``, from
 the measured cost per token, so that a tick fits the deadline) and shares it out:
 
 1. the session that has waited longest on the budget gets a fair share first (no session
@@ -22,7 +24,10 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-__all__: list[str] = []  # internal: Demand, Grant, plan_tick
+from .._config import TimingConfig
+from .cost import StepCost
+
+__all__: list[str] = []  # internal: Demand, Grant, plan_tick, tick_budget, measured_tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,3 +108,21 @@ def plan_tick(demands: list[Demand], *, budget: int | None, max_chunk: int, step
         rnd += 1
         more = [d for d in fits if d.decode > rnd]
     return {d.key: Grant(chunk[d.key], decode[d.key]) for d in demands}
+
+
+def tick_budget(timing: TimingConfig, cost: StepCost) -> int | None:
+    """Most tokens one tick appends (``TimingConfig.tick_tokens``); ``None``: no cap."""
+    fixed = timing.tick_tokens
+    if fixed != "auto":
+        return fixed
+    measured = measured_tokens(timing, cost)
+    return measured if measured is not None else timing.max_chunk_tokens  # unmeasured: one chunk a tick
+
+
+def measured_tokens(timing: TimingConfig, cost: StepCost) -> int | None:
+    """The tokens a tick appends within ``step_share`` of the deadline, by the measured cost."""
+    if not cost.ready:
+        return None
+    fits = cost.tokens_within(timing.step_share * timing.frame_deadline)
+    # never below one step's fixed cost in tokens: a smaller tick saves little time and wastes the step
+    return max(1, fits, min(cost.step_tokens(), timing.max_chunk_tokens))

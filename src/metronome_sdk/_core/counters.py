@@ -4,7 +4,7 @@ One method per event, so an event is counted in one call, never three times in t
 places: ``stats()`` reads the totals, ``Session.stats()`` the session's counts, and the
 Prometheus registry (``EngineMetrics``) is updated in the same call.
 
-The growth rate ``r`` is measured here too, tick by tick; ``t_sat`` is ``_growth.t_sat`` (the
+The growth rate ``r`` is measured here too, tick by tick; ``t_sat`` is ``growth.t_sat`` (the
 one formula, in blocks) over it.
 """
 
@@ -16,13 +16,13 @@ from collections import deque
 
 from metronome_engine import PoolStats
 
-from ._admission import Admitter, percentile
-from ._channel import SessionCounts
-from ._growth import GrowthRate
-from ._growth import t_sat as saturation_time
-from ._metrics import EngineMetrics
-from ._state import Shared
-from ._stats import EngineStats
+from .._metrics import EngineMetrics
+from .._stats import EngineStats
+from .admission import Admitter, percentile
+from .channel import SessionCounts
+from .growth import GrowthRate
+from .growth import t_sat as saturation_time
+from .state import EngineState
 
 __all__: list[str] = []  # internal: Counters, Fault
 
@@ -170,7 +170,7 @@ class Counters:
 
     def snapshot(
         self,
-        shared: Shared | None,
+        shared: EngineState | None,
         admitter: Admitter | None,
         *,
         deadline: float,
@@ -180,7 +180,7 @@ class Counters:
     ) -> EngineStats:
         """``Engine.stats()``: these counts beside the pool and the admission cap (``None`` before start)."""
         pool = shared.pool if shared is not None else PoolStats(num_blocks=1, used_blocks=0, block_size=1, sequences=0)
-        sessions = len(shared.slots) if shared is not None else 0
+        sessions = len(shared.sessions) if shared is not None else 0
         guard_limit = admitter.guard.limit if admitter is not None and admitter.guard is not None else None
         return EngineStats(
             sessions=sessions,

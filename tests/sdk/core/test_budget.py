@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from metronome_sdk._budget import Demand, Grant, plan_tick
+from metronome_sdk._core.budget import Demand, Grant, plan_tick
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -7,8 +7,8 @@ import pytest
 
 from metronome_engine import KVPolicy
 from metronome_sdk import AdmissionConfig, Engine, InputFrame, LoadShed, Session, TimingConfig
-from metronome_sdk._cost import StepCost
-from metronome_sdk._predictive import ModelAdmitter
+from metronome_sdk._core.cost import StepCost
+from metronome_sdk._core.model_admission import ModelAdmitter
 from tests.sdk.conftest import CharTokenizer, FakeClock, make_engine
 from tests.sdk.slowed import SlowedBackend
 

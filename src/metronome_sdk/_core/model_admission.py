@@ -24,9 +24,9 @@ import time
 from collections import deque
 from collections.abc import Callable
 
-from ._admission import Admitter, MemoryGuard, percentile
-from ._config import AdmissionConfig
-from ._cost import StepCost
+from .._config import AdmissionConfig
+from .admission import Admitter, MemoryGuard, percentile
+from .cost import StepCost
 
 __all__: list[str] = []  # internal: ModelAdmitter (AdmissionConfig(policy="model"))
 

@@ -1,7 +1,7 @@
 """Admission: a session cap on per-frame latency, under a memory guard. Pure Python, no engine.
 
 Two policies share ``Admitter``: the paper's AIMD cap (``AIMDAdmitter``, here) finds the
-schedulable concurrency from latency alone; the model-based cap (``_predictive.ModelAdmitter``)
+schedulable concurrency from latency alone; the model-based cap (``model_admission.ModelAdmitter``)
 predicts the next tick from the measured step cost. The memory guard
 caps it at what the block pool can hold if every admitted session reaches its bound.
 The clock is injected so tests drive time by hand.
@@ -13,7 +13,7 @@ import math
 import time
 from collections.abc import Callable, Iterable
 
-from ._config import AdmissionConfig
+from .._config import AdmissionConfig
 
 __all__: list[str] = []  # internal: Admitter, AIMDAdmitter, MemoryGuard (configured through AdmissionConfig)
 

@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from metronome_sdk import AdmissionConfig
-from metronome_sdk._admission import AIMDAdmitter, MemoryGuard, percentile
+from metronome_sdk._core.admission import AIMDAdmitter, MemoryGuard, percentile
 from tests.sdk.conftest import FakeClock
 
 DEADLINE = 0.1  # seconds; the threshold is target * deadline = 0.08 s

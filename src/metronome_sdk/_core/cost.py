@@ -1,7 +1,8 @@
-"""What a step costs on this machine: seconds = fixed + per_token x tokens. Pure Python.
+"""What a step costs on this machine: seconds = fixed + per_token x tokens.
 
-Fitted by least squares to a short calibration at engine start, then refitted from the
-steps the engine measures, so the budget follows the machine (another process taking a
+Fitted by least squares to a short calibration at engine start (``calibrate``: a few real
+steps, timed, through the backend's interface), then refitted from the steps the engine
+measures, so the budget follows the machine (another process taking a
 core, a slower path). The calibration's points are kept in every fit: steady decode
 ticks all carry about the same number of tokens, which alone cannot separate the fixed
 cost (reading the weights) from the cost per token.
@@ -10,10 +11,13 @@ cost (reading the weights) from the cost per token.
 from __future__ import annotations
 
 import math
+import time
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
-__all__: list[str] = []  # internal: StepCost
+from metronome_engine import EngineBackend, StepRequest
+
+__all__: list[str] = []  # internal: StepCost, calibrate
 
 _MIN_PER_TOKEN = 1e-6  # seconds: a fit never claims tokens are free
 _ROUNDING = 1e-9  # tokens: a fit's float error must not cost a whole token
@@ -88,3 +92,49 @@ class StepCost:
     def __repr__(self) -> str:
         fixed, per_token = self.fixed * 1e3, self.per_token * 1e3
         return f"StepCost(fixed={fixed:.2f} ms, per_token={per_token:.3f} ms, samples={len(self.samples)})"
+
+
+# the calibration at engine start -----------------------------------------------------------------
+
+
+def calibrate(
+    core: EngineBackend,
+    *,
+    chunk: int,
+    sessions: int = 8,
+    repeats: int = 2,
+    clock: Callable[[], float] = time.perf_counter,
+) -> list[tuple[int, float]]:
+    """``(tokens, seconds)`` of each timed step; the first step (warm-up) is not among them.
+
+    Runs on the engine's core thread before any session opens: it opens a few throwaway
+    sequences, times decode steps at batch 1 and at batch ``sessions`` and a prefill chunk of
+    ``chunk`` tokens, and frees them (about eight steps, a second on a small CPU). Any
+    ``EngineBackend`` works; a backend whose pool cannot hold the sequences gives fewer points
+    (a stalled step is skipped, never counted).
+    """
+    vocab = core.config.vocab_size
+    seqs: list[int] = []
+    samples: list[tuple[int, float]] = []
+
+    def timed(sizes: list[int]) -> None:
+        pairs = zip(seqs[: len(sizes)], sizes, strict=True)
+        reqs = [StepRequest(sid, [(7 * i + j) % vocab for j in range(n)]) for i, (sid, n) in enumerate(pairs)]
+        t0 = clock()
+        outs = core.step(reqs)
+        seconds = clock() - t0
+        if all(o.stall is None for o in outs):
+            samples.append((sum(sizes), seconds))
+
+    try:
+        seqs.extend(core.add_sequence() for _ in range(max(1, sessions)))
+        timed([1] * len(seqs))  # warm-up: first-call costs (allocation, kernel set-up) are not a step's
+        samples.clear()
+        for _ in range(repeats):
+            timed([1])
+            timed([1] * len(seqs))
+            timed([chunk])
+    finally:
+        for sid in seqs:
+            core.free_sequence(sid)
+    return samples

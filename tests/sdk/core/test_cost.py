@@ -9,10 +9,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from metronome_engine import KVPolicy
-from metronome_sdk._calibrate import calibrate
-from metronome_sdk._cost import StepCost
-from metronome_sdk._watchdog import Verdict, judge
-from metronome_sdk._worker import CoreThread
+from metronome_sdk._core.cost import StepCost, calibrate
+from metronome_sdk._core.watchdog import Verdict, judge
+from metronome_sdk._core.worker import CoreThread
 from tests.sdk.slowed import SlowedBackend
 
 pytestmark = pytest.mark.timeout(60)

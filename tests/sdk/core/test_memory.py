@@ -10,7 +10,7 @@ from structlog.testing import capture_logs
 
 from metronome_engine import EngineCore, KVPolicy, ModelConfig, PoolStats, SamplingParams, StepOutput, StepRequest
 from metronome_sdk import AdmissionConfig, AdmissionRejected, CacheExhausted, Engine, TimingConfig
-from metronome_sdk._memory import ConversationMemory
+from metronome_sdk._core.memory import ConversationMemory
 from tests.engine.tiny import tiny_engine
 from tests.sdk.conftest import CharTokenizer, make_engine
 
@@ -54,7 +54,7 @@ async def test_the_pinned_prompt_stays_resident_and_the_full_policy_evicts_nothi
     async with make_engine(WINDOW, num_blocks=64) as engine, engine.session(PROMPT) as s:
         for _ in range(4):
             await s.chat("hello there", max_tokens=6)
-        held = dict(engine.core.resident_blocks(s._slot.seq_id))  # type: ignore[attr-defined, union-attr, arg-type]
+        held = dict(engine.core.resident_blocks(s._link.state.seq_id))  # type: ignore[attr-defined, union-attr, arg-type]
         assert all(lb in held for lb in range(math.ceil(s.stats().pinned_tokens / 4)))
         assert s.stats().num_blocks <= engine.core.session_bound_blocks(pinned=s.stats().pinned_tokens)  # type: ignore[call-arg, operator]
     async with make_engine(KVPolicy.full(), num_blocks=64) as engine, engine.session(PROMPT) as s:
@@ -116,6 +116,10 @@ class NoPinCore:
 
     def __init__(self, core: EngineCore) -> None:
         self._core = core
+
+    @property
+    def pins_prefixes(self) -> bool:
+        return False
 
     @property
     def policy(self) -> KVPolicy:

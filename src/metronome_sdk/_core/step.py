@@ -1,6 +1,6 @@
 """The step on the core thread: open new sessions' sequences, one batched step, extra decode rounds.
 
-Runs on the engine core's own thread (``_worker.py``), never on the event loop. A step that
+Runs on the engine core's own thread (``worker.py``), never on the event loop. A step that
 raises has changed nothing (the core rolls back), so it is retried at once, ``retries``
 times: a transient fault costs one step's time, not a frame. Sessions granted several
 tokens this tick (``Session.decode_tokens``) get extra decode rounds, each a step of its own.
@@ -14,14 +14,14 @@ from dataclasses import dataclass
 
 from metronome_engine import EngineBackend, PoolStats, SamplingParams, Stall, StepOutput, StepRequest
 
-from ._channel import DecodeRounds
-from ._log import get_logger
+from .._log import get_logger
+from .channel import DecodeRounds
 
-__all__: list[str] = []  # internal: Work, WorkResult, run_tick_step
+__all__: list[str] = []  # internal: StepPart, StepResult, run_tick_step
 
 
 @dataclass(frozen=True, slots=True)
-class Work:
+class StepPart:
     """One session's part of the tick, as the core thread sees it."""
 
     seq_id: int | None  # None: open its sequence first
@@ -34,7 +34,7 @@ class Work:
 
 
 @dataclass(slots=True)
-class WorkResult:
+class StepResult:
     seq_ids: list[int]
     outputs: list[StepOutput]  # each session's last step output (its state after the tick)
     tokens: list[tuple[int, ...]]  # each session's decoded tokens (several with extra decode rounds)
@@ -46,7 +46,7 @@ class WorkResult:
     raised: BaseException | None  # the last exception a try raised, even if a retry then succeeded
 
 
-def run_tick_step(core: EngineBackend, work: Sequence[Work], retries: int, stop_ids: frozenset[int]) -> WorkResult:
+def run_tick_step(core: EngineBackend, work: Sequence[StepPart], retries: int, stop_ids: frozenset[int]) -> StepResult:
     seq_ids = [
         w.seq_id
         if w.seq_id is not None
@@ -72,7 +72,7 @@ def run_tick_step(core: EngineBackend, work: Sequence[Work], retries: int, stop_
         rounds = [w.rounds for w in work]
         outputs = _decode_rounds(core, seq_ids, [w.decode for w in work], rounds, outputs, tokens, steps, stop_ids)
     seconds = time.perf_counter() - t0
-    return WorkResult(seq_ids, outputs, tokens, steps, core.pool_stats(), seconds, error, failures, raised)
+    return StepResult(seq_ids, outputs, tokens, steps, core.pool_stats(), seconds, error, failures, raised)
 
 
 def _decode_rounds(

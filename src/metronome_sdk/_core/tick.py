@@ -1,22 +1,22 @@
 """The tick loop, the metronome: pacing, gathering, dispatch.
 
 Each tick gathers a chunk from every session with a frame waiting, within the tick's token
-budget (``_budget.plan_tick``, sized from the measured step cost, ``_cost.StepCost``), runs
-one batched step on the core thread (``_dispatch.py``; the event loop never blocks on torch),
-classifies what the step did for each frame (``_outcome.classify``), and applies it
-(``_delivery.Delivery``). Ticks come at most one per ``TimingConfig.period``, keeping the
+budget (``budget.plan_tick``, sized from the measured step cost, ``cost.StepCost``), runs
+one batched step on the core thread (``step.py``; the event loop never blocks on torch),
+classifies what the step did for each frame (``outcome.classify``), and applies it
+(``delivery.Delivery``). Ticks come at most one per ``TimingConfig.period``, keeping the
 metronome's phase. A step that runs past the watchdog's limit is judged slow (within its
 tokens' measured cost: load is shed) or stuck (its frames are answered at once);
 ``max_failed_ticks`` failed ticks in a row shut the engine down. Context queued ahead of
 frames (system prompts prefilled at open, ``TimingConfig.prompt_at_open``; turns given with
-``Session.append``) shares the budget with frames (``_prompt.py``); while every session has
+``Session.append``) shares the budget with frames (``delivery.apply_context_ahead``); while every session has
 such context, no frame can be waiting on the beat, so those ticks are neither paced nor held to
 the budget (``max_chunk_tokens`` still caps each chunk) and leave the metronome's phase alone:
 the context goes in as soon as it can, and the frame that follows goes at once.
 
 Why this module is past 400 lines: one tick's phases (gather, dispatch, the watchdog's
 verdicts on that tick's step, apply) share its entries and the loop's pacing; each pure part
-already lives in its own module (``_budget``, ``_outcome``, ``_delivery``, ``_prompt``).
+already lives in its own module (``budget``, ``outcome``, ``delivery``).
 """
 
 from __future__ import annotations
@@ -28,48 +28,29 @@ from collections.abc import Awaitable, Callable
 import anyio
 import anyio.abc
 
-from ._admission import Admitter
-from ._budget import Demand, plan_tick
-from ._channel import DecodeRounds
-from ._config import ReliabilityConfig, TimingConfig
-from ._cost import StepCost
-from ._counters import Counters, Fault
-from ._delivery import Delivery
-from ._dispatch import Work, WorkResult, run_tick_step
-from ._exceptions import StallReason
-from ._log import get_logger
-from ._outcome import Entry, StepFailed, classify
-from ._prompt import prompts_prefilled
-from ._signal import Signal
-from ._state import Shared, Slot
-from ._stats import TickReport
-from ._watchdog import Verdict, judge, watch
+from .._config import ReliabilityConfig, TimingConfig
+from .._exceptions import StallReason
+from .._log import get_logger
+from .._stats import TickReport
+from .admission import Admitter
+from .budget import Demand, plan_tick, tick_budget
+from .channel import DecodeRounds
+from .cost import StepCost
+from .counters import Counters, Fault
+from .delivery import Delivery, apply_context_ahead
+from .outcome import FrameChunk, StepFailed, classify
+from .signal import Signal
+from .state import EngineState, SessionState
+from .step import StepPart, StepResult, run_tick_step
+from .watchdog import Verdict, judge, watch
 
 __all__: list[str] = []  # internal: TickLoop
-
-
-def tick_budget(timing: TimingConfig, cost: StepCost) -> int | None:
-    """Most tokens one tick appends (``TimingConfig.tick_tokens``); ``None``: no cap."""
-    fixed = timing.tick_tokens
-    if fixed != "auto":
-        return fixed
-    measured = measured_tokens(timing, cost)
-    return measured if measured is not None else timing.max_chunk_tokens  # unmeasured: one chunk a tick
-
-
-def measured_tokens(timing: TimingConfig, cost: StepCost) -> int | None:
-    """The tokens a tick appends within ``step_share`` of the deadline, by the measured cost."""
-    if not cost.ready:
-        return None
-    fits = cost.tokens_within(timing.step_share * timing.frame_deadline)
-    # never below one step's fixed cost in tokens: a smaller tick saves little time and wastes the step
-    return max(1, fits, min(cost.step_tokens(), timing.max_chunk_tokens))
 
 
 class TickLoop:
     def __init__(
         self,
-        shared: Shared,
+        shared: EngineState,
         *,
         counters: Counters,
         delivery: Delivery,
@@ -81,7 +62,7 @@ class TickLoop:
         cost: StepCost,
         stop_ids: frozenset[int],
         room: Callable[[], None],
-        free: Callable[[Slot], Awaitable[None]],
+        free: Callable[[SessionState], Awaitable[None]],
         fail: Callable[[], Awaitable[None]],
     ) -> None:
         self.shared = shared
@@ -96,7 +77,7 @@ class TickLoop:
         self._stop_ids = stop_ids
         self.budget_now: int | None = None  # the last tick's budget
         self._waiting: list[int] = []  # sessions that waited on the last tick's budget
-        self._prefills: list[tuple[Slot, int]] = []  # this tick's context appended ahead (a prompt, a turn)
+        self._prefills: list[tuple[SessionState, int]] = []  # this tick's context appended ahead (a prompt, a turn)
         self._room = room
         self._free = free
         self._fail = fail
@@ -105,7 +86,7 @@ class TickLoop:
         self._idle = Signal()  # fired when the loop stops
         self.tick_finished = Signal()  # fired when the tick in flight has been delivered
         self.last_error: BaseException | None = None
-        self.to_free: list[Slot] = []  # sessions the engine ended in a tick: freed after it
+        self.to_free: list[SessionState] = []  # sessions the engine ended in a tick: freed after it
         self._running = False
         self._next_tick = -math.inf
         self._asyncio_task: asyncio.Task[None] | None = None
@@ -145,19 +126,19 @@ class TickLoop:
         self._asyncio_task = loop.create_task(self.run())
 
     def _has_work(self) -> bool:
-        return any(s.channel.inputs or s.prefill for s in self.shared.slots.values())
+        return any(s.channel.inputs or s.context_ahead for s in self.shared.sessions.values())
 
     def _context_only(self) -> bool:
         """Every session has context to append before its frames (which wait on it): no beat to keep.
         Not after a failed tick, which is retried a period later as any other."""
-        slots = self.shared.slots.values()
-        return bool(slots) and all(s.prefill for s in slots) and self.counters.failed_in_row == 0
+        slots = self.shared.sessions.values()
+        return bool(slots) and all(s.context_ahead for s in slots) and self.counters.failed_in_row == 0
 
     async def run(self) -> None:
         try:
             while not self.shared.closed:
                 if not self._has_work():
-                    if not self.shared.slots:
+                    if not self.shared.sessions:
                         break  # idle: the next session starts the loop again
                     await self._wake.wait()
                     continue
@@ -176,20 +157,20 @@ class TickLoop:
 
     # gathering -----------------------------------------------------------------------------------
 
-    def gather(self, *, ahead: bool = False) -> list[Entry]:
+    def gather(self, *, ahead: bool = False) -> list[FrameChunk]:
         """This tick's chunk of every session with input, within the tick's token budget."""
-        heads: dict[int, tuple[Slot, list[int]]] = {}
-        prefills: dict[int, Slot] = {}
+        heads: dict[int, tuple[SessionState, list[int]]] = {}
+        prefills: dict[int, SessionState] = {}
         demands = []
-        for slot in self.shared.slots.values():
+        for slot in self.shared.sessions.values():
             channel = slot.channel
-            if slot.prefill:  # its context (a prompt, a turn) goes in first: its frames wait until it has
+            if slot.context_ahead:  # its context (a prompt, a turn) goes in first: its frames wait until it has
                 prefills[slot.session_id] = slot
-                demands.append(Demand(slot.session_id, len(slot.prefill), 1, False, slot.waited))
+                demands.append(Demand(slot.session_id, len(slot.context_ahead), 1, False, slot.waited))
                 continue
             if not channel.inputs:
                 continue
-            head = [slot.feedback[0]] if slot.feedback is not None else []
+            head = slot.reply_head()
             if not head and not channel.inputs[0].tokens:
                 pending = channel.inputs.popleft()
                 channel.input_taken()
@@ -229,9 +210,11 @@ class TickLoop:
             slot.waited = 0
             pending = slot.channel.inputs[0]
             tokens = (head + pending.tokens)[: grant.chunk]
-            if slot.feedback is not None and head:
-                slot.channel.feedback_appended(slot.feedback[1])
-            entries.append(Entry(slot, pending, tokens, grant.chunk - len(head), grant.decode > 0, decode=grant.decode))
+            if head:
+                slot.reply_in_chunk()
+            entries.append(
+                FrameChunk(slot, pending, tokens, grant.chunk - len(head), grant.decode > 0, decode=grant.decode)
+            )
         return entries
 
     # dispatch ------------------------------------------------------------------------------------
@@ -255,10 +238,12 @@ class TickLoop:
             slot.in_tick = True
         try:
             work = [
-                Work(e.slot.seq_id, e.slot.sampling, e.tokens, e.finishes, e.decode, e.slot.pinned, e.pending.rounds)
+                StepPart(
+                    e.slot.seq_id, e.slot.sampling, e.tokens, e.finishes, e.decode, e.slot.pinned, e.pending.rounds
+                )
                 for e in entries
             ]
-            work += [Work(s.seq_id, s.sampling, s.prefill[:n], False, 0, s.pinned) for s, n in prefills]
+            work += [StepPart(s.seq_id, s.sampling, s.context_ahead[:n], False, 0, s.pinned) for s, n in prefills]
             job = self.shared.worker.submit(
                 run_tick_step, self.shared.core, work, self.reliability.step_retries, self._stop_ids
             )
@@ -300,7 +285,7 @@ class TickLoop:
             result = job.outcome()
             self.shared.pool = result.pool
             self.counters.pool(result.pool)
-            prompts_prefilled(prefills, result, len(entries), self.delivery)
+            apply_context_ahead(prefills, result, len(entries), self.delivery)
             self._apply(entries, result, self._clock())
         finally:
             for e in entries:
@@ -312,7 +297,7 @@ class TickLoop:
         for slot in ended:
             await self._free(slot)
 
-    def _apply(self, entries: list[Entry], result: WorkResult, done: float) -> None:
+    def _apply(self, entries: list[FrameChunk], result: StepResult, done: float) -> None:
         for tokens, seconds in result.steps:  # the budget follows the machine
             self.admitter.observe_step(tokens, seconds)  # against the cost it was predicted by
             self.cost.observe(tokens, seconds)
@@ -351,13 +336,13 @@ class TickLoop:
                 stalled.append(e.slot.session_id)
             if applied.latency is not None:
                 latencies.append(applied.latency)
-        self.counters.tick(done, grown, len(self.shared.slots))
+        self.counters.tick(done, grown, len(self.shared.sessions))
         appended = sum(t for t, _ in result.steps)
         self._account(tick, done, entries, stalled, latencies, result.step_seconds, appended, grown)
 
     # the watchdog --------------------------------------------------------------------------------
 
-    def _expected_seconds(self, entries: list[Entry], prefill: int = 0) -> float | None:
+    def _expected_seconds(self, entries: list[FrameChunk], prefill: int = 0) -> float | None:
         """What this tick's step should take at the slowest rate measured (``None``: nothing measured)."""
         cost = self.cost
         if not cost.ready:
@@ -366,7 +351,7 @@ class TickLoop:
         rounds = max((e.decode - 1 for e in entries), default=0)
         return (cost.seconds(tokens) + rounds * cost.fixed) * cost.slowest()
 
-    def on_slow(self, entries: list[Entry], times: int, running: float, expected: float | None) -> None:
+    def on_slow(self, entries: list[FrameChunk], times: int, running: float, expected: float | None) -> None:
         """A long step that is still within its tokens' cost: not stuck. Shed load so the next ticks fit.
 
         Each watchdog period it runs cuts the admission cap; from the second on, the session
@@ -378,9 +363,9 @@ class TickLoop:
         before, limit = admitter.limit, admitter.cut()
         self.counters.limit(limit)
         self._log.warning("engine.step_slow", running=running, expected=expected, old_limit=before, limit=limit)
-        order = {sid: i for i, sid in enumerate(self.shared.slots)}
+        order = {sid: i for i, sid in enumerate(self.shared.sessions)}
         live = [e.slot for e in entries if e.slot.session_id in order]
-        if times < 2 or len(self.shared.slots) < 2 or not live:
+        if times < 2 or len(self.shared.sessions) < 2 or not live:
             return
         victim = max(live, key=lambda s: order[s.session_id])
         self.delivery.shed(
@@ -392,8 +377,8 @@ class TickLoop:
     def shed_newest(self, count: int, step_seconds: float) -> None:
         """The deadline is missed with admission stopped: the ``count`` newest sessions go with ``LoadShed``
         (never the last one open)."""
-        newest = list(self.shared.slots.values())[::-1][: min(count, len(self.shared.slots) - 1)]
-        self._log.warning("admission.shed", sessions=len(newest), in_flight=len(self.shared.slots))
+        newest = list(self.shared.sessions.values())[::-1][: min(count, len(self.shared.sessions) - 1)]
+        self._log.warning("admission.shed", sessions=len(newest), in_flight=len(self.shared.sessions))
         for slot in newest:
             self.delivery.shed(
                 slot,
@@ -402,7 +387,7 @@ class TickLoop:
                 "after retry_after",
             )
 
-    def on_stuck(self, entries: list[Entry], times: int, running: float, limit: float) -> bool:
+    def on_stuck(self, entries: list[FrameChunk], times: int, running: float, limit: float) -> bool:
         """The watchdog: the step has run ``times * limit`` seconds. Answer what waits on it; keep waiting?"""
         if times == 1:
             self.counters.fault(Fault.STEP_STUCK)
@@ -420,7 +405,7 @@ class TickLoop:
             self.delivery.stalled(e.slot, e.pending, StallReason.STEP_STUCK, why)
         # frames queued behind the stuck step get their answer too: no step will serve them soon
         in_tick = {id(e.pending) for e in entries}
-        for slot in list(self.shared.slots.values()):
+        for slot in list(self.shared.sessions.values()):
             inputs = slot.channel.inputs
             while inputs and id(inputs[0]) not in in_tick:
                 p = inputs.popleft()
@@ -436,14 +421,14 @@ class TickLoop:
         self,
         tick: int,
         done: float,
-        entries: list[Entry],
+        entries: list[FrameChunk],
         stalled: list[int],
         latencies: list[float],
         step_seconds: float,
         tokens: int,
         grown: int,
     ) -> None:
-        admitter, n = self.admitter, len(self.shared.slots)
+        admitter, n = self.admitter, len(self.shared.sessions)
         before = admitter.limit
         limit = admitter.update(n)
         if limit != before:
@@ -453,7 +438,7 @@ class TickLoop:
         shed = admitter.to_shed()
         if shed:
             self.shed_newest(shed, step_seconds)
-            n = len(self.shared.slots)
+            n = len(self.shared.sessions)
         pool = self.shared.pool
         self.counters.limit(limit)
         self.counters.pool(pool)

@@ -16,7 +16,7 @@ from typing import Any
 
 import anyio
 
-from ._worker import Job
+from .worker import CoreCall
 
 __all__: list[str] = []  # internal: watch, Verdict, judge
 
@@ -54,7 +54,7 @@ def judge(
 
 
 async def watch(
-    job: Job[Any],
+    job: CoreCall[Any],
     *,
     clock: Callable[[], float],
     limit: float,

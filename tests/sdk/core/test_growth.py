@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from metronome_sdk import TimingConfig
-from metronome_sdk._growth import GrowthRate, t_sat
+from metronome_sdk._core.growth import GrowthRate, t_sat
 
 
 def test_t_sat_is_free_blocks_over_the_sessions_growth() -> None:
