@@ -6,7 +6,7 @@ import pytest
 
 from metronome_sdk.cli import build_parser
 from metronome_sdk.eval.answers import PROMPTS, is_english, is_right
-from metronome_sdk.eval.questions import QUESTIONS, Question
+from metronome_sdk.eval.questions import HELD_OUT, QUESTIONS, Question
 from metronome_sdk.webrtc import DEFAULT_PROMPT
 
 PARIS = Question("What is the capital of France?", ("paris",))
@@ -46,9 +46,17 @@ def test_english_is_judged_by_function_words(text: str, english: bool) -> None:
 
 def test_the_demos_prompt_is_among_those_tried() -> None:
     assert DEFAULT_PROMPT in PROMPTS
-    assert all(q.keys and all(k == k.lower() for k in q.keys) for q in QUESTIONS)
+    assert all(q.keys and all(k == k.lower() for k in q.keys) for q in QUESTIONS + HELD_OUT)
+
+
+def test_the_held_out_questions_are_apart_and_give_no_answer_away() -> None:
+    assert not {q.text for q in QUESTIONS} & {q.text for q in HELD_OUT}
+    assert len(HELD_OUT) == len(QUESTIONS)
+    for q in QUESTIONS + HELD_OUT:  # a key in the question would count an echo of it as right
+        assert not any(is_right(Question(q.text, (k,)), q.text) for k in q.keys), q.text
 
 
 def test_the_command_parses_its_options() -> None:
     args = build_parser().parse_args(["eval", "answers", "--prompt", "Be brief.", "--prompt", "none", "--json"])
-    assert (args.prompt, args.max_tokens, args.json) == (["Be brief.", "none"], 48, True)
+    assert (args.prompt, args.max_tokens, args.json, args.set) == (["Be brief.", "none"], 48, True, "both")
+    assert build_parser().parse_args(["eval", "answers", "--set", "held-out"]).set == "held-out"

@@ -16,7 +16,14 @@ def _add(p: argparse.ArgumentParser) -> None:
         help="a system prompt to try (repeat it for several; 'none' for the model's own); default: the built-in set",
     )
     p.add_argument("--max-tokens", type=int, default=48, help="tokens each answer may take (default 48, the demo's)")
-    p.add_argument("--questions", type=int, default=None, help="the first N questions (default all)")
+    p.add_argument("--questions", type=int, default=None, help="the first N questions of each set (default all)")
+    p.add_argument(
+        "--set",
+        choices=("choose", "held-out", "both"),
+        default="both",
+        help="the questions a prompt is chosen on, the held-out ones never used to choose, or both, scored "
+        "apart (default both)",
+    )
     p.add_argument("--answers", action="store_true", help="print every answer, not only the scores")
     p.add_argument("--json", action="store_true", help="print JSON")
 
@@ -24,20 +31,44 @@ def _add(p: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     import anyio
 
-    from ..eval.answers import PROMPTS, ask
-    from ..eval.questions import QUESTIONS
+    from ..eval.answers import PROMPTS, PromptScore, ask
+    from ..eval.questions import HELD_OUT, QUESTIONS
 
     if args.max_tokens < 1:
         raise ValueError(f"--max-tokens must be >= 1, got {args.max_tokens}")
-    if args.questions is not None and not 1 <= args.questions <= len(QUESTIONS):
-        raise ValueError(f"--questions must be in [1, {len(QUESTIONS)}], got {args.questions}")
+    most = min(len(QUESTIONS), len(HELD_OUT))
+    if args.questions is not None and not 1 <= args.questions <= most:
+        raise ValueError(f"--questions must be in [1, {most}], got {args.questions}")
     prompts = PROMPTS if args.prompt is None else tuple(None if p.lower() == "none" else p for p in args.prompt)
-    questions = QUESTIONS if args.questions is None else QUESTIONS[: args.questions]
+    sets = {"choose": QUESTIONS, "held-out": HELD_OUT}
+    if args.set != "both":
+        sets = {args.set: sets[args.set]}
+    sets = {name: qs[: args.questions] for name, qs in sets.items()}
+    questions = [q for qs in sets.values() for q in qs]
     with progress_bar(len(prompts) * len(questions), "questions answered") as bar:
         bar.unit = "answer"
         scores = anyio.run(lambda: ask(prompts, questions, max_tokens=args.max_tokens, on_answer=lambda: bar.update(1)))
+    by_set = {
+        name: [PromptScore(s.prompt, tuple(a for a in s.answers if a.question in {q.text for q in qs})) for s in scores]
+        for name, qs in sets.items()
+    }
     if args.json:
-        emit_json({"max_tokens": args.max_tokens, "prompts": [s.as_dict() for s in scores]})
+        emit_json(
+            {
+                "max_tokens": args.max_tokens,
+                "sets": {name: len(qs) for name, qs in sets.items()},
+                "prompts": [
+                    {
+                        **s.as_dict(),
+                        "by_set": {
+                            name: {k: v for k, v in by_set[name][i].as_dict().items() if k != "answers"}
+                            for name in sets
+                        },
+                    }
+                    for i, s in enumerate(scores)
+                ],
+            }
+        )
         return 0
     if args.answers:
         for s in scores:
@@ -46,10 +77,21 @@ def _run(args: argparse.Namespace) -> int:
                 print(f"  {'right' if a.right else 'WRONG'}  {a.question}  ->  {a.answer}")
         print()
     print_table(
-        ["system prompt", "right", "english", "mean tokens"],
-        [[_name(s.prompt), f"{100 * s.right:.0f}%", f"{100 * s.english:.0f}%", s.mean_tokens] for s in scores],
+        ["system prompt", *(f"right ({name})" for name in sets), "english", "mean tokens"],
+        [
+            [
+                _name(s.prompt),
+                *(f"{100 * by_set[name][i].right:.0f}%" for name in sets),
+                f"{100 * s.english:.0f}%",
+                f"{s.mean_tokens:.1f}",
+            ]
+            for i, s in enumerate(scores)
+        ],
     )
-    print(f"{len(questions)} questions, greedy, at most {args.max_tokens} tokens each; right: a key word, in English")
+    counts = ", ".join(f"{len(qs)} {name}" for name, qs in sets.items())
+    print(f"questions: {counts}; greedy, at most {args.max_tokens} tokens each; right: a key word, in English")
+    if "held-out" in sets:
+        print("choose a prompt on 'choose'; 'held-out' was never used to choose: it is the forecast for new questions")
     return 0
 
 
