@@ -20,6 +20,18 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-peers", type=int, default=8, help="peers connected at once (default 8)")
     p.add_argument("--window", type=int, default=256, help="tokens each session keeps (default 256)")
     p.add_argument("--sinks", type=int, default=4, help="first tokens each session pins (default 4)")
+    p.add_argument(
+        "--early-transcribe",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="transcribe what the caller said so far at each short pause (default on)",
+    )
+    p.add_argument(
+        "--smart-turn",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="end a turn at a short pause when smart-turn v3 hears the caller finished (default off)",
+    )
     p.add_argument("--console", action="store_true", help="run the console demo instead (no browser)")
     p.add_argument("--sessions", type=int, default=3, help="console demo: concurrent sessions (default 3)")
     p.add_argument("--tokens", type=int, default=48, help="console demo: tokens each answer may take (default 48)")
@@ -45,7 +57,14 @@ async def _serve(args: argparse.Namespace) -> int:
     from ..webrtc import ServerConfig, WebRTCServer, demo_engine
 
     token = os.environ.get(TOKEN_ENV) or None
-    config = ServerConfig(host=args.host, port=args.port, token=token, max_peers=args.max_peers)
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        token=token,
+        max_peers=args.max_peers,
+        early_transcribe=args.early_transcribe,
+        smart_turn=args.smart_turn,
+    )
     if not _loopback(args.host) and token is None:
         print(f"warning: serving on {args.host} with no token; anyone who reaches it may talk", file=sys.stderr)
     print("loading the model and the voice ...", file=sys.stderr, flush=True)

@@ -32,6 +32,9 @@ class ServerConfig:
     how many tokens each of its sessions' output frames may carry (``Session.decode_tokens``):
     4 by default, so a first sentence of 12 tokens can be whole in three ticks, not twelve,
     where the tick's token budget has room (the engine decides, and AIMD sees the cost).
+    ``early_transcribe`` (on): the agent transcribes what the caller said so far at each short
+    pause, so a turn that ends there has its transcript (nearly) ready (``VoiceAgent``); ``smart_turn``:
+    smart-turn v3 (``SmartTurn``) ends a turn at such a pause when the caller sounds finished.
     """
 
     host: str = "127.0.0.1"
@@ -48,6 +51,8 @@ class ServerConfig:
     system_prompt: str | None = DEFAULT_PROMPT
     max_reply_tokens: int = 48
     decode_tokens: int = 4
+    early_transcribe: bool = True
+    smart_turn: bool = False
     demo_page: bool = True
 
     def __post_init__(self) -> None:

@@ -31,6 +31,7 @@ from ..transports._base import Transport
 from ..voice._agent import VoiceAgent, error_event
 from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
+from ..voice._turn import SmartTurn
 from ..voice._vad import VoiceActivityDetector, default_turn_detector
 from ..voice._whisper import WhisperSTT
 from ._config import ServerConfig
@@ -101,6 +102,7 @@ class WebRTCServer:
         self._tts = tts
         self._handler = handler
         self._vad = vad or default_turn_detector
+        self._turn_model: SmartTurn | None = None
         self._own_voice: list[PiperTTS] = []  # the voices this server started, and stops
         self._log = get_logger()
         self._peers: dict[WebRTCPeer, asyncio.Task[None]] = {}
@@ -167,6 +169,10 @@ class WebRTCServer:
             self._own_voice.append(tts)
             tts.load()
             self._tts = tts
+        if self.config.smart_turn and self._turn_model is None:
+            model = SmartTurn()
+            model.load()
+            self._turn_model = model
 
     @property
     def url(self) -> str:
@@ -333,6 +339,8 @@ class WebRTCServer:
                     vad=self._vad(),
                     max_reply_tokens=self.config.max_reply_tokens,
                     decode_tokens=self.config.decode_tokens,
+                    early_transcribe=self.config.early_transcribe,
+                    turn_model=self._turn_model,
                 )
                 await agent.run()
         except MetronomeError as exc:
