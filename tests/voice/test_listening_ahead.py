@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import json
 import threading
+from pathlib import Path
 
 import anyio
 import numpy as np
@@ -10,8 +12,10 @@ import numpy.typing as npt
 import pytest
 
 from metronome_sdk._audio import resample
+from metronome_sdk.cli import main
 from metronome_sdk.transports import MemoryTransport
 from metronome_sdk.voice import SmartTurn, TurnModel, VoiceActivityDetector, VoiceAgent
+from metronome_sdk.voice._turn_eval import Policy, Recording, run_policy
 from tests.sdk.conftest import make_engine
 from tests.voice.test_turns import _final_answers, _talk
 from tests.webrtc.conftest import ToneTTS, speak
@@ -249,3 +253,48 @@ def test_smart_turn_checks_its_input_and_settings(tmp_path: object) -> None:
         SmartTurn(threads=0)
     with pytest.raises(FileNotFoundError, match="no smart-turn"):
         SmartTurn(model="/nonexistent/model.onnx")
+
+
+# `metronome eval turns`: the set of paused sentences and the policies ---------------------------
+
+
+def test_a_policy_ends_turns_by_silence_or_by_its_model() -> None:
+    pause_at = 0.5 + 0.6  # lead, first phrase
+    samples = np.concatenate([_quiet(0.5), _tone(0.6), _quiet(0.8), _tone(0.6), _quiet(2.0)])
+    paused = Recording("one ... two", "tones", samples, speech_end=pause_at + 0.8 + 0.6, gap=0.8, gap_start=pause_at)
+    silence = run_policy(Policy("silence 0.7 s", VoiceActivityDetector), paused)
+    assert silence.false_end and len(silence.ends) == 2  # 0.8 s of pause is a turn's end to 0.7 s of silence
+    assert silence.ends[0] == pytest.approx(pause_at + 0.7, abs=0.03)
+    patient = run_policy(Policy("silence 1 s", lambda: VoiceActivityDetector(end_silence=1.0)), paused)
+    assert not patient.false_end and patient.wait == pytest.approx(1.0, abs=0.03)
+    eager = Verdict(complete=True)
+    smart = run_policy(Policy("model", lambda: VoiceActivityDetector(end_silence=1.0), eager, 0.2), paused)
+    assert smart.false_end and smart.ends[0] >= pause_at + 0.2  # it said "done" at the pause: the turn ended there
+    assert len(eager.asked) == 2 and len(smart.model_seconds) == 2
+    careful = run_policy(Policy("model", lambda: VoiceActivityDetector(end_silence=1.0), Verdict(False), 0.2), paused)
+    assert careful.ends == patient.ends  # "not yet" leaves it to the silence
+
+
+def test_eval_turns_prints_the_wait_and_the_false_ends(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    args = ["eval", "turns", "--sentences", "2", "--voices", "espeak-en-us", "--out", str(tmp_path), "--json"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == json.loads((tmp_path / "turns.json").read_text())
+    policies = {p["policy"]: p for p in report["policies"]}
+    assert list(policies) == [
+        "silence 0.55 s",
+        "silence 1 s",
+        "smart-turn, else silence 0.55 s",
+        "smart-turn, else silence 1 s",
+    ]
+    for p in policies.values():
+        assert p["whole"]["recordings"] == p["paused"]["recordings"] == 2
+        assert p["whole"]["false_ends"] == 0 and p["whole"]["no_end"] == 0  # a whole sentence ends once, at its end
+    # the two paused sentences stop for 0.4 and 0.5 s: shorter than either silence
+    assert policies["silence 1 s"]["paused"]["false_ends"] == policies["silence 0.55 s"]["paused"]["false_ends"] == 0
+    assert policies["silence 1 s"]["whole"]["wait_median"] > policies["silence 0.55 s"]["whole"]["wait_median"] + 0.4
+    smart = policies["smart-turn, else silence 0.55 s"]
+    assert smart["model_calls"] >= 4 and smart["against"] == "silence 0.55 s" and "thresholds" in smart
+    with pytest.raises(SystemExit):
+        main(["eval", "turns", "--silences", "9"])
+    assert main(["eval", "turns", "--sentences", "11"]) == 2
