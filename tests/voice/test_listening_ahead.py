@@ -298,3 +298,20 @@ def test_eval_turns_prints_the_wait_and_the_false_ends(capsys: pytest.CaptureFix
     with pytest.raises(SystemExit):
         main(["eval", "turns", "--silences", "9"])
     assert main(["eval", "turns", "--sentences", "11"]) == 2
+
+
+def test_the_vad_tells_the_turn_so_far_and_ends_it_on_request() -> None:
+    vad = VoiceActivityDetector()
+    assert vad.heard_so_far() is None and vad.audio_so_far() is None and vad.heard_samples == 0
+    assert vad.end_turn() is None  # no turn under way
+    for chunk in (_tone(0.6), _quiet(0.3)):
+        for i in range(0, chunk.size, 320):
+            assert vad.push(chunk[i : i + 320]) == []
+            heard = vad.heard_so_far()
+            assert (heard.size if heard is not None else 0) == vad.heard_samples
+    assert vad.pause == pytest.approx(0.3, abs=0.021)
+    heard, audio = vad.heard_so_far(), vad.audio_so_far()
+    assert heard is not None and audio is not None and audio.size - heard.size == round(vad.pause * RATE)
+    ended = vad.end_turn()
+    assert ended is not None and np.array_equal(ended, heard)
+    assert vad.silence_after == pytest.approx(0.3, abs=0.021) and not vad.speaking and vad.pause == 0.0

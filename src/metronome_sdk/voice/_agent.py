@@ -356,13 +356,12 @@ class VoiceAgent:
         """The caller has paused: transcribe what it said so far, and ask the turn model whether it is done."""
         if not (self.early_transcribe or self.turn_model is not None) or self.vad.pause < self.pause:
             return
-        heard = self.vad.heard_so_far()
-        if heard is None:
-            return
-        key = (self._utterance, heard.size)
+        key = (self._utterance, self.vad.heard_samples)  # every frame of a pause: the audio is built only to send
         early = self._early
         fresh = early is None or (early.utterance, early.samples) != key
         if self.early_transcribe and not self._transcribing and fresh:
+            heard = self.vad.heard_so_far()
+            assert heard is not None and heard.size == key[1]
             self._early = _Early(self._utterance, heard.size, anyio.Event())
             self._transcribing = True
             tg.start_soon(self._transcribe_early, self._early, heard)
@@ -391,8 +390,7 @@ class VoiceAgent:
             self._asking = False
         if not complete:
             return
-        heard = self.vad.heard_so_far()
-        if heard is not None and (self._utterance, heard.size) == key:  # nothing said since the question
+        if self.vad.speaking and (self._utterance, self.vad.heard_samples) == key:  # nothing said since the question
             self._end_turn(self.vad.end_turn(), self._last_frame)
 
     async def _barge_in(self) -> None:

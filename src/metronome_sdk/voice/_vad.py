@@ -157,6 +157,14 @@ class VoiceActivityDetector:
         """Seconds of non-speech since the last speech of the turn under way (0 when none is under way)."""
         return self._quiet * self._window_seconds if self.speaking else 0.0
 
+    @property
+    def heard_samples(self) -> int:
+        """How many samples ``heard_so_far()`` would return, without building them (0: no turn)."""
+        if not self.speaking:
+            return 0
+        kept = len(self._windows) - self._quiet
+        return (kept if kept > 0 else len(self._windows)) * self._window
+
     def heard_so_far(self) -> npt.NDArray[np.int16] | None:
         """The turn under way as it would end now: what ``push`` would return, the pause left out; None: no turn."""
         if not self.speaking:
