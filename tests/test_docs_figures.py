@@ -24,7 +24,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 DATA = DOCS / "data"
-PAGES = ("concepts.md", "benchmarks.md", "alerting.md")
+PAGES = ("concepts.md", "benchmarks.md", "alerting.md", "voice-agent.md")
 
 MARKER = re.compile(
     r"(?P<figure>-?\d[\d,]*(?:\.\d+)?)(?P<unit>\s*%|\s*ms|\s*s)?\*{0,2}<!-- fig: (?P<file>\S+) (?P<path>\S+) -->"

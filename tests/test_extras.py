@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 # what each extra brings; none of it may load with the SDK's core
-OPTIONAL = ("aiortc", "av", "matplotlib", "pocketsphinx", "faster_whisper", "pipecat", "livekit")
+OPTIONAL = ("aiortc", "av", "matplotlib", "pocketsphinx", "faster_whisper", "pipecat", "livekit", "onnxruntime")
 
 
 def run(code: str) -> subprocess.CompletedProcess[str]:
@@ -75,3 +75,9 @@ def test_resampling_without_pyav_names_the_extra() -> None:
     out = run(code)
     assert out.returncode != 0
     assert "needs the [webrtc] extra" in out.stderr
+
+
+def test_smart_turn_without_pipecat_names_the_extra() -> None:
+    out = run("import sys; sys.modules['pipecat'] = None\nfrom metronome_sdk.voice import SmartTurn\nSmartTurn()")
+    assert out.returncode != 0
+    assert "pip install 'metronome-sdk[voice,pipecat]'" in out.stderr and "ModuleNotFoundError" in out.stderr

@@ -14,6 +14,7 @@ from .eval_answers import EVAL_ANSWERS
 from .eval_memory import EVAL_MEMORY
 from .eval_ppl import EVAL_PPL
 from .eval_quality import EVAL_QUALITY
+from .eval_turns import EVAL_TURNS
 from .eval_voice import EVAL_VOICE
 from .serve import SERVE
 
@@ -27,6 +28,7 @@ COMMANDS: tuple[Command, ...] = (
     EVAL_MEMORY,
     EVAL_VOICE,
     EVAL_ANSWERS,
+    EVAL_TURNS,
     BENCH_STEP,
     BENCH_CLIFF,
     BENCH_FORECAST,

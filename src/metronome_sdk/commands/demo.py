@@ -28,6 +28,18 @@ def _add(p: argparse.ArgumentParser) -> None:
         help="admit a caller only while every caller's first reply audio can start within SECONDS of the end "
         "of its speech (p95; default 1.5; a lone caller is always served; 'none': the engine's admission alone)",
     )
+    p.add_argument(
+        "--early-transcribe",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="transcribe what the caller said so far at each short pause (default on)",
+    )
+    p.add_argument(
+        "--smart-turn",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="end a turn at a short pause when smart-turn v3 hears the caller finished (default off)",
+    )
     p.add_argument("--console", action="store_true", help="run the console demo instead (no browser)")
     p.add_argument("--sessions", type=int, default=3, help="console demo: concurrent sessions (default 3)")
     p.add_argument("--tokens", type=int, default=48, help="console demo: tokens each answer may take (default 48)")
@@ -66,7 +78,15 @@ async def _serve(args: argparse.Namespace) -> int:
 
     token = os.environ.get(TOKEN_ENV) or None
     given = {"voice_objective": args.voice_objective} if hasattr(args, "voice_objective") else {}
-    config = ServerConfig(host=args.host, port=args.port, token=token, max_peers=args.max_peers, **given)
+    config = ServerConfig(
+        host=args.host,
+        port=args.port,
+        token=token,
+        max_peers=args.max_peers,
+        early_transcribe=args.early_transcribe,
+        smart_turn=args.smart_turn,
+        **given,
+    )
     if not _loopback(args.host) and token is None:
         print(f"warning: serving on {args.host} with no token; anyone who reaches it may talk", file=sys.stderr)
     print("loading the model and the voice ...", file=sys.stderr, flush=True)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+from typing import TYPE_CHECKING
 
 from ._base import Command, emit_json, print_table, progress_bar
+
+if TYPE_CHECKING:
+    from ..voice._protocols import TextToSpeech
 
 RECOGNIZERS = ("whisper", "pocketsphinx")
 VOICES = ("piper-joe", "espeak-en-us", "espeak-en-gb")
@@ -20,6 +24,22 @@ def _names(allowed: tuple[str, ...], what: str) -> type:
         return names
 
     return parse  # type: ignore[return-value]
+
+
+def open_voices(stack: contextlib.ExitStack, names: tuple[str, ...]) -> list[tuple[str, TextToSpeech]]:
+    """The voices named (``piper-joe``, ``espeak-<voice>``); Piper's process stops with ``stack``."""
+    from ..voice import EspeakTTS, PiperTTS
+
+    voices: list[tuple[str, TextToSpeech]] = []
+    for name in names:
+        if name == "piper-joe":
+            voices.append((name, stack.enter_context(PiperTTS())))
+        else:
+            try:
+                voices.append((name, EspeakTTS(voice=name.removeprefix("espeak-"), speed=160)))
+            except FileNotFoundError as exc:
+                raise ValueError(f"{exc} (or leave espeak-ng out: --voices piper-joe)") from exc
+    return voices
 
 
 def _add(p: argparse.ArgumentParser) -> None:
@@ -37,23 +57,15 @@ def _add(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..voice import EspeakTTS, PiperTTS, PocketSphinxSTT, WhisperSTT
+    from ..voice import PocketSphinxSTT, WhisperSTT
     from ..voice._accuracy import PROMPTS, measure
-    from ..voice._protocols import SpeechToText, TextToSpeech
+    from ..voice._protocols import SpeechToText
 
     prompts = PROMPTS if args.prompts is None else PROMPTS[: args.prompts]
     if args.prompts is not None and not 1 <= args.prompts <= len(PROMPTS):
         raise ValueError(f"--prompts must be in [1, {len(PROMPTS)}], got {args.prompts}")
     with contextlib.ExitStack() as stack:
-        voices: list[tuple[str, TextToSpeech]] = []
-        for name in args.voices:
-            if name == "piper-joe":
-                voices.append((name, stack.enter_context(PiperTTS())))
-            else:
-                try:
-                    voices.append((name, EspeakTTS(voice=name.removeprefix("espeak-"), speed=160)))
-                except FileNotFoundError as exc:
-                    raise ValueError(f"{exc} (or leave espeak-ng out: --voices piper-joe)") from exc
+        voices = open_voices(stack, args.voices)
         recognizers: list[tuple[str, SpeechToText]] = [
             (name, WhisperSTT() if name == "whisper" else PocketSphinxSTT()) for name in args.recognizers
         ]

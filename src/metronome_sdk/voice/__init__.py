@@ -4,7 +4,8 @@
 voice plugs in. The default voice (the ``[voice]`` extra) is ``WhisperSTT`` (Whisper tiny.en)
 and ``PiperTTS`` (Piper's joe voice, run as its own process); ``PocketSphinxSTT`` and
 ``EspeakTTS`` are the light alternatives. ``VoiceActivityDetector`` takes turns with a
-``SileroClassifier`` (Silero VAD) or a ``LoudnessClassifier``.
+``SileroClassifier`` (Silero VAD) or a ``LoudnessClassifier``; ``SmartTurn`` (Pipecat's
+smart-turn v3) ends a turn at a short pause when the caller sounds finished.
 """
 
 from ._agent import TurnLatency, VoiceAgent, error_event, stats_event
@@ -12,6 +13,7 @@ from ._espeak import EspeakTTS
 from ._piper import PiperTTS
 from ._pocketsphinx import PocketSphinxSTT
 from ._protocols import Playback, SpeechToText, TextToSpeech
+from ._turn import SmartTurn, TurnModel
 from ._vad import (
     LoudnessClassifier,
     SileroClassifier,
@@ -28,10 +30,12 @@ __all__ = [
     "Playback",
     "PocketSphinxSTT",
     "SileroClassifier",
+    "SmartTurn",
     "SpeechClassifier",
     "SpeechToText",
     "TextToSpeech",
     "TurnLatency",
+    "TurnModel",
     "VoiceActivityDetector",
     "VoiceAgent",
     "WhisperSTT",

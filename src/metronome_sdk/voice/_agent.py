@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import anyio
+import anyio.abc
 import numpy as np
 import numpy.typing as npt
 
@@ -28,6 +29,7 @@ from .._log import get_logger
 from .._session import Interrupted, Session
 from ..transports._base import Event, Transport
 from ._protocols import Playback, SpeechToText, TextToSpeech
+from ._turn import TurnModel
 from ._vad import VoiceActivityDetector
 
 __all__ = ["TurnLatency", "VoiceAgent", "clause_end", "error_event", "stats_event"]
@@ -137,11 +139,22 @@ def clause_end(text: str, *, first: bool, min_words: int) -> int | None:
 
 
 @dataclass(slots=True)
+class _Early:
+    """A transcription of the utterance so far, started at a pause while the caller may go on."""
+
+    utterance: int  # which utterance (the agent counts them)
+    samples: int  # how much of it: the speech up to the pause
+    done: anyio.Event
+    text: str | None = None  # None: not done, or failed (the turn's own transcription then tries)
+
+
+@dataclass(slots=True)
 class _Turn:
     number: int
     utterance: npt.NDArray[np.int16]
     speech_end: float  # time.monotonic() when the caller stopped speaking
     heard_at: float  # when the turn detector ended the turn
+    early: _Early | None = None  # a transcription of exactly this utterance, started at its last pause
     transcribed_at: float = math.nan
     first_token_at: float = math.nan
     first_clause_at: float = math.nan
@@ -163,7 +176,15 @@ class VoiceAgent:
     carry several tokens, so the first clause is whole in fewer ticks. Each frame goes to
     the session ``beat_lead`` seconds before the engine's next tick (``Engine.next_tick``;
     ``None``: at once), so its latency is the engine's work, not a wait for the metronome's
-    phase, and the reply comes no later. Each answered turn's
+    phase, and the reply comes no later.
+
+    Hearing ahead: with ``early_transcribe``, once the caller has paused for ``pause`` seconds
+    the utterance so far is transcribed on a worker thread while the turn detector still waits;
+    if the turn ends with nothing said since, that transcript is the turn's, and only what is
+    left of it is waited for (one such transcription in flight at a time: a pause while one
+    runs is skipped until it is done). With ``turn_model`` (``SmartTurn``), the same pause asks
+    the model whether the caller has finished: when it says so, the turn ends there instead of
+    after ``vad``'s silence. Each answered turn's
     ``TurnLatency`` goes to the peer as a ``latency`` event, into ``stats`` events as
     ``voice_to_voice``, and to ``on_latency`` (a server's voice admission reads it there).
 
@@ -196,6 +217,9 @@ class VoiceAgent:
         decode_tokens: int | None = None,
         beat_lead: float | None = 0.01,
         clause_words: int = 3,
+        early_transcribe: bool = False,
+        turn_model: TurnModel | None = None,
+        pause: float = 0.2,
         on_latency: Callable[[TurnLatency], None] | None = None,
     ) -> None:
         if not isinstance(stt, SpeechToText):
@@ -212,6 +236,10 @@ class VoiceAgent:
             raise ValueError(f"beat_lead must be in [0, 1] seconds, or None to send frames at once; got {beat_lead!r}")
         if isinstance(clause_words, bool) or not isinstance(clause_words, int) or clause_words < 1:
             raise ValueError(f"clause_words must be an int >= 1, got {clause_words!r}; try 3")
+        if not 0.0 < pause <= 2.0:
+            raise ValueError(f"pause must be in (0, 2] seconds, got {pause!r}; try 0.2")
+        if turn_model is not None and not isinstance(turn_model, TurnModel):
+            raise ValueError(f"turn_model must have complete(samples) and sample_rate, got {turn_model!r}")
         if decode_tokens is not None:
             session.decode_tokens = decode_tokens  # checked by the session; the agent is its consumer
         self.session = session
@@ -219,6 +247,13 @@ class VoiceAgent:
         self.stt = stt
         self.tts = tts
         self.vad = vad or VoiceActivityDetector()
+        if turn_model is not None and turn_model.sample_rate != self.vad.sample_rate:
+            raise ValueError(
+                f"turn_model hears {turn_model.sample_rate} Hz and vad {self.vad.sample_rate} Hz: give both the same"
+            )
+        self.early_transcribe = early_transcribe
+        self.turn_model = turn_model
+        self.pause = pause
         self.max_reply_tokens = max_reply_tokens
         self.stats_interval = stats_interval
         self.turn_gap = turn_gap
@@ -228,6 +263,7 @@ class VoiceAgent:
         self.on_latency = on_latency
         self.latencies: list[TurnLatency] = []
         self.interruptions = 0
+        self.heard_ahead = 0  # turns whose transcript was started at a pause, before the turn ended
         self._log = get_logger(session_id=session.id)
         self._turns = 0
         self._next: _Turn | None = None  # heard, not yet answered
@@ -239,6 +275,12 @@ class VoiceAgent:
         self._unspoken = 0  # sentences sent to the voice and not yet handed to the transport
         self._failure: MetronomeError | None = None
         self._speech_in, self._speech_out = anyio.create_memory_object_stream[tuple[_Turn, str]](64)
+        self._utterance = 0  # utterances heard (the one under way is the next)
+        self._last_frame = time.monotonic()  # when the caller's last audio frame came
+        self._early: _Early | None = None  # the last early transcription of the utterance under way
+        self._transcribing = False  # an early transcription is in flight (at most one)
+        self._asked: tuple[int, int] | None = None  # (utterance, samples) the turn model was last asked about
+        self._asking = False  # the turn model is being asked (at most one question in flight)
 
     async def run(self) -> None:
         engine = self.session.engine
@@ -250,7 +292,7 @@ class VoiceAgent:
                 tg.start_soon(self._stats_loop, tg.cancel_scope)
                 tg.start_soon(self._reply_loop, tg.cancel_scope)
                 tg.start_soon(self._speak_loop)
-                if await self._listen():
+                if await self._listen(tg):
                     await self._last_word()
                 tg.cancel_scope.cancel()
         if self._failure is None:
@@ -270,9 +312,9 @@ class VoiceAgent:
 
     # listening -----------------------------------------------------------------------------------
 
-    async def _listen(self) -> bool:
+    async def _listen(self, tg: anyio.abc.TaskGroup) -> bool:
         """Hear turns until the caller's audio ends; whether it ended with a turn still to answer."""
-        last_frame = time.monotonic()
+        last_frame = self._last_frame = time.monotonic()
         while self._failure is None:
             frame = None
             with anyio.move_on_after(self.turn_gap):
@@ -286,25 +328,73 @@ class VoiceAgent:
             if frame is None:  # no audio for turn_gap: the caller's audio stopped, and with it the turn
                 self._end_turn(self.vad.flush(), last_frame)
                 continue
-            last_frame = time.monotonic()
+            last_frame = self._last_frame = time.monotonic()
             assert frame.sample_rate is not None
             pcm = pcm16(frame.samples_float32())
             if frame.sample_rate != self.vad.sample_rate:
                 pcm = resample(pcm, frame.sample_rate, self.vad.sample_rate)
             for utterance in self.vad.push(pcm):
                 self._end_turn(utterance, last_frame)
+            self._at_pause(tg)
             await self._barge_in()
         return False
 
     def _end_turn(self, utterance: npt.NDArray[np.int16] | None, last_frame: float) -> bool:
         if utterance is None:
             return False
+        early = self._early
+        if early is None or (early.utterance, early.samples) != (self._utterance, utterance.size):
+            early = None  # the caller went on after it started: it is not this turn's
+        self._utterance += 1
+        self._early = None
         self._turns += 1
         now = time.monotonic()
         speech_end = min(now, last_frame) - self.vad.silence_after
-        self._next = _Turn(self._turns, utterance, speech_end=speech_end, heard_at=now)  # replaces one not answered
+        # replaces one not answered
+        self._next = _Turn(self._turns, utterance, speech_end=speech_end, heard_at=now, early=early)
         self._heard.set()
         return True
+
+    def _at_pause(self, tg: anyio.abc.TaskGroup) -> None:
+        """The caller has paused: transcribe what it said so far, and ask the turn model whether it is done."""
+        if not (self.early_transcribe or self.turn_model is not None) or self.vad.pause < self.pause:
+            return
+        key = (self._utterance, self.vad.heard_samples)  # every frame of a pause: the audio is built only to send
+        early = self._early
+        fresh = early is None or (early.utterance, early.samples) != key
+        if self.early_transcribe and not self._transcribing and fresh:
+            heard = self.vad.heard_so_far()
+            assert heard is not None and heard.size == key[1]
+            self._early = _Early(self._utterance, heard.size, anyio.Event())
+            self._transcribing = True
+            tg.start_soon(self._transcribe_early, self._early, heard)
+        if self.turn_model is not None and not self._asking and self._asked != key:
+            audio = self.vad.audio_so_far()
+            assert audio is not None
+            self._asked, self._asking = key, True
+            tg.start_soon(self._ask_turn_model, self.turn_model, key, audio)
+
+    async def _transcribe_early(self, early: _Early, heard: npt.NDArray[np.int16]) -> None:
+        try:
+            early.text = await anyio.to_thread.run_sync(self.stt.transcribe, heard, self.vad.sample_rate)
+        except Exception as exc:  # the turn's own transcription tries again, and reports it
+            self._log.warning("voice.early_transcribe_failed", error=repr(exc))
+        finally:
+            self._transcribing = False
+            early.done.set()
+
+    async def _ask_turn_model(self, model: TurnModel, key: tuple[int, int], audio: npt.NDArray[np.int16]) -> None:
+        try:
+            complete = await anyio.to_thread.run_sync(model.complete, audio)
+        except Exception as exc:  # a broken model costs only its saving: the silence still ends the turn
+            self._log.warning("voice.turn_model_failed", error=repr(exc))
+            complete = False
+        finally:
+            self._asking = False
+        if not complete:
+            return
+        if self.vad.speaking and (self._utterance, self.vad.heard_samples) == key:  # nothing said since the question
+            self._end_turn(self.vad.end_turn(), self._last_frame)
 
     async def _barge_in(self) -> None:
         """The caller speaks over the reply: cut it, so the caller is heard instead."""
@@ -359,10 +449,14 @@ class VoiceAgent:
                     continue
                 self._replying = turn
                 await self.transport.send_event({"type": "state", "state": "thinking"})
-                text = await anyio.to_thread.run_sync(self.stt.transcribe, turn.utterance, self.vad.sample_rate)
-                text = " ".join(text.split())
+                text = " ".join((await self._transcript(turn)).split())
                 turn.transcribed_at = time.monotonic()
-                self._log.info("voice.heard", chars=len(text), seconds=turn.utterance.size / self.vad.sample_rate)
+                self._log.info(
+                    "voice.heard",
+                    chars=len(text),
+                    seconds=turn.utterance.size / self.vad.sample_rate,
+                    ahead=turn.early is not None,
+                )
                 try:
                     if text:
                         await self.transport.send_event(
@@ -376,6 +470,15 @@ class VoiceAgent:
         except MetronomeError as exc:
             self._failure = exc
             scope.cancel()
+
+    async def _transcript(self, turn: _Turn) -> str:
+        early = turn.early
+        if early is not None:  # heard ahead: what is left of that transcription is all there is to wait for
+            await early.done.wait()
+            if early.text is not None:
+                self.heard_ahead += 1
+                return early.text
+        return await anyio.to_thread.run_sync(self.stt.transcribe, turn.utterance, self.vad.sample_rate)
 
     async def _answer(self, turn: _Turn, text: str) -> None:
         engine = self.session.engine

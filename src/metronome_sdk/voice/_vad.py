@@ -152,6 +152,33 @@ class VoiceActivityDetector:
             return (len(self._windows) - self._quiet) * self._window_seconds
         return self._voiced * self._window_seconds
 
+    @property
+    def pause(self) -> float:
+        """Seconds of non-speech since the last speech of the turn under way (0 when none is under way)."""
+        return self._quiet * self._window_seconds if self.speaking else 0.0
+
+    @property
+    def heard_samples(self) -> int:
+        """How many samples ``heard_so_far()`` would return, without building them (0: no turn)."""
+        if not self.speaking:
+            return 0
+        kept = len(self._windows) - self._quiet
+        return (kept if kept > 0 else len(self._windows)) * self._window
+
+    def heard_so_far(self) -> npt.NDArray[np.int16] | None:
+        """The turn under way as it would end now: what ``push`` would return, the pause left out; None: no turn."""
+        if not self.speaking:
+            return None
+        return np.concatenate(self._windows[: len(self._windows) - self._quiet] or self._windows)
+
+    def audio_so_far(self) -> npt.NDArray[np.int16] | None:
+        """The turn under way with the pause after its speech (what a turn model hears); None: no turn."""
+        return np.concatenate(self._windows) if self.speaking else None
+
+    def end_turn(self) -> npt.NDArray[np.int16] | None:
+        """End the turn under way now (a turn model says the caller has finished); the stream goes on."""
+        return self._finish() if self.speaking else None
+
     def push(self, samples: npt.NDArray[np.int16]) -> list[npt.NDArray[np.int16]]:
         """Feed audio; get the utterances that ended within it (usually none)."""
         data = np.concatenate([self._pending, samples.reshape(-1)])

@@ -34,6 +34,9 @@ class ServerConfig:
     how many tokens each of its sessions' output frames may carry (``Session.decode_tokens``):
     4 by default, so a first sentence of 12 tokens can be whole in three ticks, not twelve,
     where the tick's token budget has room (the engine decides, and AIMD sees the cost).
+    ``early_transcribe`` (on): the agent transcribes what the caller said so far at each short
+    pause, so a turn that ends there has its transcript (nearly) ready (``VoiceAgent``); ``smart_turn``:
+    smart-turn v3 (``SmartTurn``) ends a turn at such a pause when the caller sounds finished.
     ``voice_objective``: the default voice agent's callers are admitted only while each can
     still hear its first reply audio within that many seconds of the end of its speech (p95,
     ``VoiceAdmission``: 1.5 s, the upper end of what local CPU pipelines reach); a lone
@@ -54,6 +57,8 @@ class ServerConfig:
     system_prompt: str | None = DEFAULT_PROMPT
     max_reply_tokens: int = 48
     decode_tokens: int = 4
+    early_transcribe: bool = True
+    smart_turn: bool = False
     demo_page: bool = True
     voice_objective: float | None = DEFAULT_OBJECTIVE
 

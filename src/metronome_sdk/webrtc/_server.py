@@ -32,6 +32,7 @@ from ..voice._admission import VoiceAdmission, speech_work
 from ..voice._agent import TurnLatency, VoiceAgent, error_event
 from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
+from ..voice._turn import SmartTurn
 from ..voice._vad import VoiceActivityDetector, default_turn_detector
 from ..voice._whisper import WhisperSTT
 from ._config import ServerConfig
@@ -112,6 +113,7 @@ class WebRTCServer:
         self.voice_admission: VoiceAdmission | None = None
         if handler is None and self.config.voice_objective is not None:
             self.voice_admission = VoiceAdmission(self.config.voice_objective, retry_after=self.config.busy_retry_after)
+        self._turn_model: SmartTurn | None = None
         self._own_voice: list[PiperTTS] = []  # the voices this server started, and stops
         self._log = get_logger()
         self._peers: dict[WebRTCPeer, asyncio.Task[None]] = {}
@@ -180,6 +182,10 @@ class WebRTCServer:
             self._own_voice.append(tts)
             tts.load()
             self._tts = tts
+        if self.config.smart_turn and self._turn_model is None:
+            model = SmartTurn()
+            model.load()
+            self._turn_model = model
 
     def _probe_voice(self, admission: VoiceAdmission) -> None:
         assert self._stt is not None and self._tts is not None
@@ -359,6 +365,8 @@ class WebRTCServer:
                     max_reply_tokens=self.config.max_reply_tokens,
                     decode_tokens=self.config.decode_tokens,
                     on_latency=self._observe,
+                    early_transcribe=self.config.early_transcribe,
+                    turn_model=self._turn_model,
                 )
                 await agent.run()
         except MetronomeError as exc:

@@ -1,0 +1,130 @@
+"""``metronome eval turns``: the wait to end a turn and the turns ended too soon, by silence and by smart-turn v3."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from pathlib import Path
+from typing import Any
+
+from ._base import Command, emit_json, print_table, progress_bar
+from .bench_voice import VOICES, parse_voices
+from .eval_voice import open_voices
+
+
+def _silences(text: str) -> tuple[float, ...]:
+    try:
+        values = tuple(float(x) for x in text.split(",") if x.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--silences takes comma-separated seconds, got {text!r}") from None
+    if not values or any(not 0.1 <= v <= 5.0 for v in values):
+        raise argparse.ArgumentTypeError(f"--silences must be in [0.1, 5] seconds, got {text!r}")
+    return values
+
+
+def _add(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--voices", type=parse_voices, default=VOICES, help=f"who speaks, comma-separated (default {','.join(VOICES)})"
+    )
+    p.add_argument(
+        "--silences",
+        type=_silences,
+        default=(0.55, 1.0),
+        help="the fixed silences tried, alone and after smart-turn (default 0.55,1.0 s)",
+    )
+    p.add_argument("--pause", type=float, default=0.2, help="seconds of pause before smart-turn is asked (default 0.2)")
+    p.add_argument("--sentences", type=int, default=None, help="the first N of the ten sentences (default all)")
+    p.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for turns.json (default bench-out/)")
+    p.add_argument("--json", action="store_true", help="print JSON")
+
+
+def _run(args: argparse.Namespace) -> int:
+    from ..bench.voice import machine
+    from ..voice import SileroClassifier, SmartTurn, VoiceActivityDetector
+    from ..voice._turn_eval import PAUSED, Policy, record, run_policy, summarize
+
+    if not 0.05 <= args.pause <= 1.0:
+        raise ValueError(f"--pause must be in [0.05, 1] seconds, got {args.pause}")
+    if args.sentences is not None and not 1 <= args.sentences <= len(PAUSED):
+        raise ValueError(f"--sentences must be in [1, {len(PAUSED)}], got {args.sentences}")
+    sentences = PAUSED if args.sentences is None else PAUSED[: args.sentences]
+    load_before = machine()["load_avg"]
+    with contextlib.ExitStack() as stack:
+        voices = open_voices(stack, args.voices)
+        with progress_bar(len(sentences) * len(voices), "sentences spoken") as bar:
+            recordings = record(voices, sentences, on_recording=lambda: bar.update(1))
+    model = SmartTurn()
+    model.load()
+
+    def silero(seconds: float) -> Any:
+        return lambda: VoiceActivityDetector(classifier=SileroClassifier(), end_silence=seconds)
+
+    policies = [Policy(f"silence {s:g} s", silero(s)) for s in args.silences]
+    policies += [Policy(f"smart-turn, else silence {s:g} s", silero(s), model, args.pause) for s in args.silences]
+    results: list[list[Any]] = [[] for _ in policies]
+    with progress_bar(len(policies) * len(recordings), "recordings heard") as bar:
+        for recording in recordings:  # each recording by every policy in turn: the machine's load falls on all
+            for i, policy in enumerate(policies):
+                results[i].append(run_policy(policy, recording))
+                bar.update(1)
+    summaries = [summarize(p, r) for p, r in zip(policies, results, strict=True)]
+    silence_only = summaries[: len(args.silences)]
+    for summary, baseline in zip(summaries[len(args.silences) :], silence_only, strict=True):
+        # what the model changes against the same silence alone
+        summary["against"] = baseline["policy"]
+        summary["wait_saved_median"] = round(baseline["whole"]["wait_median"] - summary["whole"]["wait_median"], 4)
+        summary["false_end_rate_added"] = round(
+            summary["paused"]["false_end_rate"] - baseline["paused"]["false_end_rate"], 4
+        )
+    report: dict[str, Any] = {
+        "voices": list(args.voices),
+        "sentences": [f"{a} {b}" for a, b in sentences],
+        "policies": summaries,
+        "machine": {**machine(), "load_avg_before": load_before},
+    }
+    args.out.mkdir(parents=True, exist_ok=True)
+    saved = args.out / "turns.json"
+    saved.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    if args.json:
+        emit_json(report)
+        return 0
+    rows = [
+        [
+            s["policy"],
+            s["whole"]["wait_median"],
+            s["whole"]["wait_mean"],
+            s["whole"]["false_ends"] + s["whole"]["no_end"],
+            f"{s['paused']['false_ends']}/{s['paused']['recordings']}",
+            s["paused"]["wait_median"],
+            s["model_seconds_median"],
+        ]
+        for s in report["policies"]
+    ]
+    print_table(
+        ["policy", "wait p50 s", "wait mean s", "whole: wrong", "false ends (paused)", "paused wait p50 s", "model s"],
+        rows,
+    )
+    for s in report["policies"]:
+        if "against" in s:
+            print(
+                f"{s['policy']}: {s['wait_saved_median']:+.3f} s of wait saved (median), false ends "
+                f"{100 * s['false_end_rate_added']:+.0f} points, against {s['against']}"
+            )
+    m = report["machine"]
+    print(
+        f"{len(recordings)} recordings: {len(sentences)} sentences by {len(voices)} voices, whole and with a "
+        f"0.4-0.6 s pause mid-sentence; wait: end of speech to end of turn (the model's run time counted)"
+    )
+    print(f"{m['model_name']}, {m['cores']} cores; load 1 min {load_before[0]} -> {m['load_avg'][0]}")
+    print(f"report: {saved}")
+    return 0
+
+
+EVAL_TURNS = Command(
+    "eval",
+    "turns",
+    "the wait to end a turn and the false ends at mid-sentence pauses, by silence and by smart-turn v3",
+    _add,
+    _run,
+)
