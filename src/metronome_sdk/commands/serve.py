@@ -1,4 +1,4 @@
-"""``metronome serve``: OpenAI-compatible chat completions on the embedded engine (127.0.0.1:8000)."""
+"""``metronome serve``: OpenAI-compatible chat completions and Realtime on the embedded engine (127.0.0.1:8000)."""
 
 from __future__ import annotations
 
@@ -21,6 +21,11 @@ def _add(p: argparse.ArgumentParser) -> None:
         "--idle-timeout", type=float, default=120.0, help="seconds before an idle named session closes (default 120)"
     )
     p.add_argument("--memory-mib", type=int, default=256, help="the KV block pool in MiB (default 256)")
+    p.add_argument(
+        "--no-realtime",
+        action="store_true",
+        help="serve chat completions only: no /v1/realtime, and no speech models loaded",
+    )
     p.epilog = f"Set ${TOKEN_ENV} to require 'Authorization: Bearer <token>' (the OpenAI client's api_key)."
 
 
@@ -31,19 +36,30 @@ def _run(args: argparse.Namespace) -> int:
 async def _serve(args: argparse.Namespace) -> int:
     import os
 
+    import importlib.util
+
     from .. import Engine, EngineConfig, TimingConfig
-    from ..serve import ChatServer, ServeConfig
+    from ..serve import ChatServer, RealtimeConfig, ServeConfig
 
     token = os.environ.get(TOKEN_ENV) or None
+    realtime = None if args.no_realtime else RealtimeConfig()
+    if realtime is not None and importlib.util.find_spec("faster_whisper") is None:
+        print("note: no /v1/realtime: it needs the [voice] extra (pip install 'metronome-sdk[voice]')", file=sys.stderr)
+        realtime = None
     config = ServeConfig(
-        host=args.host, port=args.port, token=token, max_tokens=args.max_tokens, idle_timeout=args.idle_timeout
+        host=args.host,
+        port=args.port,
+        token=token,
+        max_tokens=args.max_tokens,
+        idle_timeout=args.idle_timeout,
+        realtime=realtime,
     )
     if args.memory_mib < 1:
         raise ValueError(f"--memory-mib must be >= 1, got {args.memory_mib}")
     engine_config = EngineConfig(kv="window", window=args.window, sinks=args.sinks, memory_bytes=args.memory_mib << 20)
     if not _loopback(args.host) and token is None:
         print(f"warning: serving on {args.host} with no token; anyone who reaches it may use it", file=sys.stderr)
-    print("loading the model ...", file=sys.stderr, flush=True)
+    print("loading the model" + (" and the voice" if realtime else "") + " ...", file=sys.stderr, flush=True)
     # short prefill chunks, so that a long prompt never holds the metronome for long on a CPU
     timing = TimingConfig(period=0.08, max_chunk_tokens=16)
     with stop_on_signals() as stop:
@@ -57,5 +73,9 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 SERVE = Command(
-    None, "serve", "serve OpenAI-compatible /v1/chat/completions on the embedded engine (127.0.0.1:8000)", _add, _run
+    None,
+    "serve",
+    "serve OpenAI-compatible /v1/chat/completions and /v1/realtime on the embedded engine (127.0.0.1:8000)",
+    _add,
+    _run,
 )

@@ -1,0 +1,355 @@
+"""``/v1/realtime`` on the tiny engine: the protocol, admission and bad input, through real WebSockets.
+
+The voice here is a fake (``FixedSTT`` hears the same words, ``ToneTTS`` speaks a tone) and the
+turn detector is loudness-based, so a tone is speech; the real voice and weights are
+tests/serve/test_realtime_real.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import socket
+from typing import Any
+
+import aiohttp
+import anyio
+import numpy as np
+import numpy.typing as npt
+import openai
+import pytest
+
+from metronome_sdk import Engine
+from metronome_sdk.serve import ChatServer, RealtimeConfig, ServeConfig
+from metronome_sdk.voice import VoiceActivityDetector
+from tests.webrtc.conftest import FixedSTT, ToneTTS
+
+pytestmark = pytest.mark.timeout(60)
+RATE = 24000
+
+
+def tone(seconds: float, amplitude: float = 8000.0) -> npt.NDArray[np.int16]:
+    t = np.arange(round(seconds * RATE)) / RATE
+    return (amplitude * np.sin(2 * np.pi * 300 * t)).astype(np.int16)
+
+
+def quiet(seconds: float) -> npt.NDArray[np.int16]:
+    return np.zeros(round(seconds * RATE), dtype=np.int16)
+
+
+def b64(pcm: npt.NDArray[np.int16]) -> str:
+    return base64.b64encode(pcm.astype("<i2").tobytes()).decode()
+
+
+# the engine: tests/serve/conftest.py's (the tiny model, an admission cap of two sessions)
+
+
+def detector() -> VoiceActivityDetector:
+    return VoiceActivityDetector(end_silence=0.3)
+
+
+def realtime_server(engine: Engine, *, speech: float = 0.6, **config: Any) -> ChatServer:
+    """``speech``: the seconds of tone each clause of a reply is spoken as."""
+    realtime = RealtimeConfig(max_reply_tokens=6, decode_tokens=2, **config)
+    return ChatServer(
+        engine,
+        ServeConfig(port=0, realtime=realtime),
+        stt=FixedSTT("hello"),
+        tts=ToneTTS(seconds=speech, rate=16000),
+        vad=detector,
+    )
+
+
+def ws_url(server: ChatServer) -> str:
+    return server.url.replace("http", "ws", 1) + "/realtime?model=metronome"
+
+
+class Client:
+    """A raw WebSocket client: send events, read them until one of a type comes."""
+
+    def __init__(self, ws: aiohttp.ClientWebSocketResponse) -> None:
+        self.ws = ws
+        self.seen: list[dict[str, Any]] = []
+
+    async def send(self, event: dict[str, Any]) -> None:
+        await self.ws.send_str(json.dumps(event))
+
+    async def until(self, kind: str, *, timeout: float = 20.0) -> dict[str, Any]:
+        with anyio.fail_after(timeout):
+            while True:
+                msg = await self.ws.receive()
+                if msg.type != aiohttp.WSMsgType.TEXT:
+                    raise AssertionError(f"the socket ended ({msg.type}, {msg.data!r}) before {kind}")
+                event = json.loads(msg.data)
+                self.seen.append(event)
+                if event["type"] == kind:
+                    return event
+
+    def types(self) -> list[str]:
+        return [e["type"] for e in self.seen]
+
+
+async def _connect(http: aiohttp.ClientSession, server: ChatServer) -> Client:
+    ws = await http.ws_connect(ws_url(server))
+    return Client(ws)
+
+
+async def test_a_connection_opens_with_session_created_and_takes_a_session_update(engine: Engine) -> None:
+    async with realtime_server(engine) as server, aiohttp.ClientSession() as http:
+        client = await _connect(http, server)
+        created = await client.until("session.created")
+        assert created["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
+        limits = await client.until("rate_limits.updated")
+        assert {r["name"] for r in limits["rate_limits"]} == {"requests", "tokens"}
+        assert engine.stats().sessions == 1  # admitted before the upgrade
+        await client.send(
+            {
+                "type": "session.update",
+                "session": {
+                    "type": "realtime",
+                    "instructions": "Be brief.",
+                    "output_modalities": ["text"],
+                    "audio": {"input": {"turn_detection": None}},
+                },
+            }
+        )
+        updated = await client.until("session.updated")
+        assert updated["session"]["instructions"] == "Be brief."
+        assert updated["session"]["output_modalities"] == ["text"]
+        assert updated["session"]["audio"]["input"]["turn_detection"] is None
+        await client.ws.close()
+    assert engine.stats().used_blocks == 0
+
+
+async def test_a_typed_turn_is_answered_as_text(engine: Engine) -> None:
+    async with realtime_server(engine) as server, aiohttp.ClientSession() as http:
+        client = await _connect(http, server)
+        await client.until("session.created")
+        await client.send({"type": "session.update", "session": {"output_modalities": ["text"]}})
+        await client.until("session.updated")
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+        await client.send({"type": "conversation.item.create", "item": item})
+        await client.until("conversation.item.done")
+        await client.send({"type": "response.create"})
+        done = await client.until("response.done")
+        await client.ws.close()
+    types = client.types()
+    assert types.index("response.created") < types.index("response.output_text.delta") < types.index("response.done")
+    assert "response.output_audio.delta" not in types
+    text = "".join(e["delta"] for e in client.seen if e["type"] == "response.output_text.delta")
+    assert done["response"]["status"] == "completed"
+    assert " ".join(text.split()) == done["response"]["output"][0]["content"][0]["text"]
+    assert engine.stats().used_blocks == 0
+
+
+async def test_speech_with_server_vad_is_heard_transcribed_and_answered_with_audio(engine: Engine) -> None:
+    async with realtime_server(engine) as server, aiohttp.ClientSession() as http:
+        client = await _connect(http, server)
+        await client.until("session.created")
+        for chunk in np.array_split(np.concatenate([tone(0.8), quiet(0.6)]), 14):
+            await client.send({"type": "input_audio_buffer.append", "audio": b64(chunk)})
+        started = await client.until("input_audio_buffer.speech_started")
+        stopped = await client.until("input_audio_buffer.speech_stopped")
+        assert started["item_id"] == stopped["item_id"]
+        assert 0 <= started["audio_start_ms"] < stopped["audio_end_ms"]
+        heard = await client.until("conversation.item.input_audio_transcription.completed")
+        assert heard["transcript"] == "hello" and heard["item_id"] == started["item_id"]
+        done = await client.until("response.done")
+        await client.ws.close()
+    types = client.types()
+    assert types.index("input_audio_buffer.committed") < types.index("response.created")
+    deltas = [e for e in client.seen if e["type"] == "response.output_audio.delta"]
+    assert deltas, types
+    audio = np.frombuffer(b"".join(base64.b64decode(e["delta"]) for e in deltas), dtype="<i2")
+    assert audio.size >= 0.5 * RATE  # the tone, resampled to 24 kHz
+    assert types.index("response.output_audio.delta") < types.index("response.done")
+    assert done["response"]["status"] == "completed"
+    assert {e["response_id"] for e in deltas} == {done["response"]["id"]}
+
+
+async def test_push_to_talk_commits_and_answers_on_response_create(engine: Engine) -> None:
+    async with realtime_server(engine) as server, aiohttp.ClientSession() as http:
+        client = await _connect(http, server)
+        await client.until("session.created")
+        await client.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+        await client.until("session.updated")
+        await client.send({"type": "input_audio_buffer.commit"})
+        empty = await client.until("error")
+        assert empty["error"]["code"] == "input_audio_buffer_commit_empty"
+        await client.send({"type": "input_audio_buffer.append", "audio": b64(tone(0.5))})
+        await client.send({"type": "input_audio_buffer.commit"})
+        committed = await client.until("input_audio_buffer.committed")
+        await client.send({"type": "response.create"})
+        heard = await client.until("conversation.item.input_audio_transcription.completed")
+        assert heard["item_id"] == committed["item_id"]
+        done = await client.until("response.done")
+        await client.ws.close()
+    assert "input_audio_buffer.speech_started" not in client.types()  # no turn detection, no speech events
+    assert done["response"]["status"] == "completed"
+
+
+async def test_response_cancel_stops_the_audio_deltas(engine: Engine) -> None:
+    async with realtime_server(engine, audio_lead=0.0) as server, aiohttp.ClientSession() as http:
+        client = await _connect(http, server)
+        await client.until("session.created")
+        await client.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}})
+        await client.until("session.updated")
+        await client.send({"type": "input_audio_buffer.append", "audio": b64(tone(0.5))})
+        await client.send({"type": "input_audio_buffer.commit"})
+        await client.send({"type": "response.create"})
+        await client.until("response.output_audio.delta")  # paced in real time: the rest is still to come
+        await client.send({"type": "response.cancel"})
+        done = await client.until("response.done")
+        await client.send({"type": "response.cancel"})
+        late = await client.until("error")
+        await client.ws.close()
+    assert done["response"]["status"] == "cancelled"
+    assert done["response"]["status_details"]["reason"] == "client_cancelled"
+    assert late["error"]["code"] == "response_cancel_not_active"
+    after = client.types()[client.types().index("response.done") :]
+    assert "response.output_audio.delta" not in after
+
+
+async def test_bad_input_gets_error_events_and_the_connection_goes_on(engine: Engine) -> None:
+    async with realtime_server(engine, max_append_seconds=1.0) as server, aiohttp.ClientSession() as http:
+        client = await _connect(http, server)
+        await client.until("session.created")
+        codes = []
+        for raw in (
+            "{not json",
+            json.dumps([1, 2]),
+            json.dumps({"type": "no.such.event", "event_id": "e1"}),
+            json.dumps({"type": "input_audio_buffer.append", "audio": "@@@"}),
+            json.dumps({"type": "input_audio_buffer.append", "audio": b64(tone(2.0))}),
+            json.dumps({"type": "session.update", "session": {"audio": {"input": {"format": {"type": "audio/pcmu"}}}}}),
+            json.dumps({"type": "session.update", "session": {"tools": [{"type": "function", "name": "f"}]}}),
+            json.dumps({"type": "conversation.item.create", "item": {"type": "message", "role": "assistant"}}),
+            json.dumps({"type": "response.create"}),
+        ):
+            await client.ws.send_str(raw)
+            codes.append((await client.until("error"))["error"]["code"])
+        await client.ws.send_bytes(b"\x00\x01")
+        codes.append((await client.until("error"))["error"]["code"])
+        assert codes == [
+            "invalid_json",
+            "invalid_event",
+            "unknown_event",
+            "invalid_value",
+            "audio_too_large",
+            "unsupported_audio_format",
+            "unsupported_value",
+            "unsupported_value",
+            "conversation_empty",
+            "invalid_event",
+        ]
+        unknown = next(e for e in client.seen if e["type"] == "error" and e["error"]["code"] == "unknown_event")
+        assert unknown["error"]["event_id"] == "e1"
+        await client.send({"type": "session.update", "session": {"instructions": "still here"}})
+        assert (await client.until("session.updated"))["session"]["instructions"] == "still here"
+        await client.ws.close()
+    assert engine.stats().used_blocks == 0 and engine.stats().sessions == 0
+
+
+async def test_a_message_past_the_limit_closes_with_1009_and_frees_the_session(engine: Engine) -> None:
+    async with realtime_server(engine, max_append_seconds=0.5) as server, aiohttp.ClientSession() as http:
+        client = await _connect(http, server)
+        await client.until("session.created")
+        assert server.config.realtime is not None
+        too_long = "A" * (server.config.realtime.max_message_bytes + 8)
+        await client.send({"type": "input_audio_buffer.append", "audio": too_long})
+        with anyio.fail_after(10):
+            msg = await client.ws.receive()
+            while msg.type == aiohttp.WSMsgType.TEXT:
+                msg = await client.ws.receive()
+        assert client.ws.close_code == 1009
+        with anyio.fail_after(10):
+            while engine.stats().sessions:
+                await anyio.sleep(0.02)
+    assert engine.stats().used_blocks == 0
+
+
+async def test_past_the_admission_cap_connections_get_429_with_retry_after(engine: Engine) -> None:
+    async with realtime_server(engine) as server, aiohttp.ClientSession() as http:
+        admitted = [await _connect(http, server) for _ in range(2)]
+        for client in admitted:
+            await client.until("session.created")
+        refusals = []
+        for _ in range(6):  # four times the admitted load, in all
+            with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+                await http.ws_connect(ws_url(server))
+            refusals.append(info.value)
+        assert {r.status for r in refusals} == {429}
+        assert all(r.headers is not None and int(r.headers["Retry-After"]) >= 1 for r in refusals)
+        # the admitted ones still answer
+        for client in admitted:
+            await client.send({"type": "session.update", "session": {"instructions": "x"}})
+            await client.until("session.updated")
+            await client.ws.close()
+    assert engine.stats().used_blocks == 0
+
+
+async def test_a_client_that_stops_reading_is_disconnected_and_its_session_closed(engine: Engine) -> None:
+    # every clause is two minutes of audio, all sent at once (audio_lead): megabytes nobody reads
+    async with realtime_server(engine, speech=120.0, send_timeout=0.5, audio_lead=600.0) as server:
+        sock = socket.socket()
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.setblocking(False)
+        await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", server.port))
+        _, writer = await asyncio.open_connection(sock=sock)
+        key = base64.b64encode(b"0123456789abcdef").decode()
+        writer.write(
+            (
+                "GET /v1/realtime?model=m HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                f"Sec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
+        for event in (
+            {"type": "session.update", "session": {"audio": {"input": {"turn_detection": None}}}},
+            {"type": "input_audio_buffer.append", "audio": b64(tone(0.5))},
+            {"type": "input_audio_buffer.commit"},
+            {"type": "response.create"},
+        ):
+            writer.write(_masked_frame(json.dumps(event)))
+        await writer.drain()
+        with anyio.fail_after(40):
+            while engine.stats().sessions:
+                await anyio.sleep(0.05)
+        writer.close()
+    assert engine.stats().used_blocks == 0
+
+
+def _masked_frame(text: str) -> bytes:
+    """One client-to-server WebSocket text frame (RFC 6455: masked)."""
+    data = text.encode()
+    mask = b"\x01\x02\x03\x04"
+    n = len(data)
+    if n < 126:
+        head = bytes([0x81, 0x80 | n])
+    elif n < 65536:
+        head = bytes([0x81, 0x80 | 126]) + n.to_bytes(2, "big")
+    else:
+        head = bytes([0x81, 0x80 | 127]) + n.to_bytes(8, "big")
+    return head + mask + bytes(b ^ mask[i % 4] for i, b in enumerate(data))
+
+
+async def test_the_openai_client_holds_a_turn(engine: Engine) -> None:
+    async with (
+        realtime_server(engine) as server,
+        openai.AsyncOpenAI(base_url=server.url, api_key="unused") as client,
+        client.realtime.connect(model="metronome") as conn,
+    ):
+        await conn.session.update(session={"type": "realtime", "output_modalities": ["text"]})
+        await conn.conversation.item.create(
+            item={"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+        )
+        await conn.response.create()
+        kinds = []
+        with anyio.fail_after(20):
+            async for event in conn:
+                kinds.append(event.type)
+                if event.type == "response.done":
+                    assert event.response.status == "completed"
+                    break
+    assert kinds[0] == "session.created"
+    assert "session.updated" in kinds and "response.output_text.delta" in kinds
