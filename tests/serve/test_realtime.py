@@ -19,6 +19,8 @@ import numpy as np
 import numpy.typing as npt
 import openai
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from metronome_sdk import Engine
 from metronome_sdk.serve import ChatServer, RealtimeConfig, ServeConfig
@@ -353,3 +355,105 @@ async def test_the_openai_client_holds_a_turn(engine: Engine) -> None:
                     break
     assert kinds[0] == "session.created"
     assert "session.updated" in kinds and "response.output_text.delta" in kinds
+
+
+# fuzzed event sequences -------------------------------------------------------------------------
+
+FUZZ = settings(
+    max_examples=30,
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+KNOWN_CODES = {
+    "invalid_json",
+    "invalid_event",
+    "unknown_event",
+    "invalid_value",
+    "unsupported_value",
+    "unsupported_event",
+    "unsupported_audio_format",
+    "audio_too_large",
+    "input_audio_buffer_full",
+    "input_audio_buffer_commit_empty",
+    "conversation_already_has_active_response",
+    "conversation_empty",
+    "response_cancel_not_active",
+    "instructions_locked",
+}
+_TEXT_ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
+_ANY_JSON = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
+    max_leaves=6,
+)
+_SESSIONS = st.fixed_dictionaries(
+    {},
+    optional={
+        "instructions": st.sampled_from(["Be brief.", "Answer in one word.", 7]),
+        "output_modalities": st.sampled_from([["audio"], ["text"], ["video"], []]),
+        "audio": st.fixed_dictionaries(
+            {},
+            optional={
+                "input": st.fixed_dictionaries(
+                    {},
+                    optional={
+                        "turn_detection": st.sampled_from(
+                            [None, {"type": "server_vad"}, {"type": "semantic_vad"}, {"type": "x"}]
+                        ),
+                        "format": st.sampled_from([{"type": "audio/pcm", "rate": 24000}, {"type": "audio/pcmu"}]),
+                    },
+                ),
+                "output": st.fixed_dictionaries({}, optional={"voice": st.sampled_from(["alloy", 3])}),
+            },
+        ),
+        "tools": st.sampled_from([[], [{"type": "function"}]]),
+    },
+)
+EVENTS = st.one_of(
+    st.builds(lambda s: {"type": "session.update", "session": s}, _SESSIONS),
+    st.builds(
+        lambda seconds, loud: {
+            "type": "input_audio_buffer.append",
+            "audio": b64(tone(seconds) if loud else quiet(seconds)),
+        },
+        st.floats(0, 0.6),
+        st.booleans(),
+    ),
+    st.sampled_from(
+        [
+            {"type": "input_audio_buffer.commit"},
+            {"type": "input_audio_buffer.clear"},
+            {"type": "conversation.item.create", "item": _TEXT_ITEM},
+            {"type": "response.create"},
+            {"type": "response.create", "response": {"output_modalities": ["text"]}},
+            {"type": "response.cancel"},
+            {"type": "output_audio_buffer.clear"},
+            {"type": "conversation.item.truncate", "item_id": "item_x", "content_index": 0, "audio_end_ms": 10},
+            {"type": "conversation.item.delete", "item_id": "item_x"},
+        ]
+    ),
+    st.builds(lambda t, v: {"type": t, "x": v}, st.text(max_size=30), _ANY_JSON),
+    st.builds(lambda v: v, _ANY_JSON),
+)
+
+
+@pytest.mark.timeout(240)
+@FUZZ
+@given(events=st.lists(EVENTS, min_size=1, max_size=10), pause=st.sampled_from([0.0, 0.05]))
+async def test_fuzzed_event_sequences_never_crash_the_connection_nor_leak_a_block(
+    engine: Engine, events: list[Any], pause: float
+) -> None:
+    async with realtime_server(engine) as server, aiohttp.ClientSession() as http:
+        client = await _connect(http, server)
+        await client.until("session.created")
+        for event in events:
+            await client.ws.send_str(json.dumps(event))
+            await anyio.sleep(pause)
+        await client.send({"type": "session.update", "session": {}})  # still serving, in order
+        await client.until("session.updated", timeout=30)
+        await client.ws.close()
+        codes = {e["error"]["code"] for e in client.seen if e["type"] == "error"}
+        assert codes <= KNOWN_CODES, codes
+    with anyio.fail_after(10):
+        while engine.stats().sessions or engine.stats().used_blocks:
+            await anyio.sleep(0.02)
