@@ -34,9 +34,8 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    import os
-
     import importlib.util
+    import os
 
     from .. import Engine, EngineConfig, TimingConfig
     from ..serve import ChatServer, RealtimeConfig, ServeConfig

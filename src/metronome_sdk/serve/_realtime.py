@@ -70,6 +70,7 @@ class _Response:
     cancelled: str | None = None  # why: "client_cancelled", "turn_detected"
     audio_sent: int = 0  # samples at 24 kHz
     first_audio_at: float = math.nan
+    metadata: object = None  # response.create's, sent back (clients match their request by it)
 
 
 @dataclass(eq=False)
@@ -129,6 +130,7 @@ class RealtimeTransport:
         self._pending: deque[_Pending] = deque()
         self._response: _Response | None = None
         self._next_output: str | None = None  # response.create's output_modalities for the next response
+        self._next_metadata: object = None  # and its metadata
         self._audio: deque[tuple[_Response, npt.NDArray[np.int16]]] = deque()  # reply audio at 24 kHz, unsent
         self._wake = anyio.Event()
         self._send_lock = anyio.Lock()
@@ -343,8 +345,9 @@ class RealtimeTransport:
                 )
             self._next_output = "audio" if "audio" in modalities else "text"
         instructions = params.get("instructions")
+        self._next_metadata = params.get("metadata")
         if not (self._committed or self._texts or (isinstance(instructions, str) and instructions.strip())):
-            self._next_output = None
+            self._next_output = self._next_metadata = None
             raise rt.RealtimeProtocolError(
                 "conversation_empty",
                 "nothing to answer: commit audio or add a user message first (or give response.instructions)",
@@ -462,10 +465,13 @@ class RealtimeTransport:
         if pending.audio and not pending.committed:
             await self._send_committed(pending.item_id, self._last_item())
         output = self._next_output or self.settings.output
-        self._next_output = None
         response = self._response = _Response(
-            rt.new_id("resp"), output=output, user_item=pending.item_id if pending.audio else None
+            rt.new_id("resp"),
+            output=output,
+            user_item=pending.item_id if pending.audio else None,
+            metadata=self._next_metadata,
         )
+        self._next_output = self._next_metadata = None
         response.transcribed = not pending.audio
         await self._send(rt.server_event("response.created", response=self._response_object(response, "in_progress")))
         self._wake.set()
@@ -629,6 +635,7 @@ class RealtimeTransport:
             "output_modalities": [response.output],
             "audio": {"output": {"format": dict(rt.FORMAT), "voice": self.settings.voice}},
             "usage": None,
+            "metadata": response.metadata,
         }
 
     # the socket -----------------------------------------------------------------------------------
