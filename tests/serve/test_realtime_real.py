@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import time
+import warnings
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -24,6 +25,7 @@ from metronome_sdk import Engine
 from metronome_sdk._audio import resample
 from metronome_sdk.serve import ChatServer, RealtimeConfig, ServeConfig
 from metronome_sdk.webrtc import demo_engine
+from tests.serve.test_realtime_clients import load_example
 from tests.webrtc.conftest import speak
 
 pytestmark = [pytest.mark.real_model, pytest.mark.slow, pytest.mark.timeout(420)]
@@ -135,3 +137,16 @@ async def test_the_openai_client_asks_by_voice_hears_paris_and_cancels_an_answer
                 f"was sent, {len(deltas)} deltas ({sent / 2 / RATE:.2f} s of audio) of a {full:.2f} s answer; "
                 f"response.done {1000 * (events[done_at][0] - cancelled_at):.0f} ms after it"
             )
+
+
+async def test_the_realtime_clients_example_hears_paris_from_each_client(
+    voice_server: ChatServer, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with anyio.fail_after(300), warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "'audioop' is deprecated", DeprecationWarning)
+        await load_example().main(voice_server.url)
+    printed = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in printed] == ["openai", "pipecat", "livekit"], printed
+    assert all("Paris" in line for line in printed), printed
+    with capsys.disabled():
+        print("\n" + "\n".join(printed))
