@@ -25,9 +25,10 @@ from hypothesis import strategies as st
 from metronome_sdk import Engine
 from metronome_sdk.serve import ChatServer, RealtimeConfig, ServeConfig
 from metronome_sdk.voice import VoiceActivityDetector
+from tests.serve.conftest import TOKEN
 from tests.webrtc.conftest import FixedSTT, ToneTTS
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = pytest.mark.timeout(180)  # the first engine start in a process builds its kernels
 RATE = 24000
 
 
@@ -289,6 +290,23 @@ async def test_past_the_admission_cap_connections_get_429_with_retry_after(engin
             await client.until("session.updated")
             await client.ws.close()
     assert engine.stats().used_blocks == 0
+
+
+async def test_a_wrong_token_is_401_and_a_plain_get_is_426_before_any_session(engine: Engine) -> None:
+    realtime = RealtimeConfig()
+    config = ServeConfig(port=0, realtime=realtime, token=TOKEN)
+    server = ChatServer(engine, config, stt=FixedSTT(), tts=ToneTTS(), vad=detector)
+    async with server, aiohttp.ClientSession() as http:
+        with pytest.raises(aiohttp.WSServerHandshakeError) as info:
+            await http.ws_connect(ws_url(server), headers={"Authorization": "Bearer wrong-token"})
+        assert info.value.status == 401
+        async with http.get(server.url + "/realtime", headers={"Authorization": f"Bearer {TOKEN}"}) as plain:
+            assert plain.status == 426
+            assert (await plain.json())["error"]["code"] == "UpgradeRequired"
+        assert engine.stats().admitted == 0
+        ws = await http.ws_connect(ws_url(server), headers={"Authorization": f"Bearer {TOKEN}"})
+        assert (await Client(ws).until("session.created"))["session"]["model"] == "metronome"
+        await ws.close()
 
 
 async def test_a_client_that_stops_reading_is_disconnected_and_its_session_closed(engine: Engine) -> None:

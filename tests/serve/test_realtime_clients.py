@@ -22,7 +22,7 @@ import pytest
 from metronome_sdk import Engine
 from tests.serve.test_realtime import realtime_server
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(180)  # the first engine start in a process builds its kernels
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "realtime_clients.py"
 
