@@ -19,12 +19,16 @@ import numpy as np
 import numpy.typing as npt
 import openai
 import pytest
+import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from metronome_sdk import Engine
+from metronome_engine import KVPolicy
+from metronome_sdk import Engine, LoadShed
 from metronome_sdk.serve import ChatServer, RealtimeConfig, ServeConfig
+from metronome_sdk.serve import _realtime_protocol as rt
 from metronome_sdk.voice import VoiceActivityDetector
+from tests.sdk.conftest import make_engine
 from tests.serve.conftest import TOKEN
 from tests.webrtc.conftest import FixedSTT, ToneTTS
 
@@ -331,11 +335,16 @@ async def test_a_client_that_stops_reading_is_disconnected_and_its_session_close
             {"type": "response.create"},
         ):
             writer.write(_masked_frame(json.dumps(event)))
-        await writer.drain()
-        with anyio.fail_after(40):
-            while engine.stats().sessions:
-                await anyio.sleep(0.05)
+        with structlog.testing.capture_logs() as logs:
+            await writer.drain()
+            with anyio.fail_after(20):
+                while not engine.stats().admitted:
+                    await anyio.sleep(0.02)
+            with anyio.fail_after(40):  # the reply's audio fills the socket's buffers, then the server gives up
+                while engine.stats().sessions:
+                    await anyio.sleep(0.05)
         writer.close()
+        assert [e for e in logs if e["event"] == "realtime.client_not_reading"], [e["event"] for e in logs]
     assert engine.stats().used_blocks == 0
 
 
@@ -475,3 +484,47 @@ async def test_fuzzed_event_sequences_never_crash_the_connection_nor_leak_a_bloc
     with anyio.fail_after(10):
         while engine.stats().sessions or engine.stats().used_blocks:
             await anyio.sleep(0.02)
+
+
+# failures after the upgrade -----------------------------------------------------------------------
+
+
+async def test_a_stalled_session_gets_an_error_event_then_close_code_1011() -> None:
+    # the full policy on a pool of 6 blocks of 4 tokens: the first turn's prefill cannot fit
+    engine = make_engine(KVPolicy.full(), num_blocks=6, block_size=4)
+    await engine.start()
+    try:
+        async with realtime_server(engine, instructions="hi") as server, aiohttp.ClientSession() as http:
+            client = await _connect(http, server)
+            await client.until("session.created")
+            item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "x" * 40}]}
+            await client.send({"type": "conversation.item.create", "item": item})
+            await client.send({"type": "response.create"})
+            error = await client.until("error")
+            assert error["error"]["code"] in ("engine_stalled", "cache_exhausted"), error
+            assert error["error"]["type"] in ("server_error", "invalid_request_error")
+            with anyio.fail_after(10):
+                while (await client.ws.receive()).type == aiohttp.WSMsgType.TEXT:
+                    pass
+            assert client.ws.close_code == 1011
+        with anyio.fail_after(10):
+            while engine.stats().sessions or engine.stats().used_blocks:
+                await anyio.sleep(0.02)
+    finally:
+        await engine.aclose()
+
+
+def test_overload_is_rate_limit_exceeded_with_the_retry_hint_and_the_rest_snake_case() -> None:
+    shed = rt.failure_event(LoadShed("shed to protect the others", retry_after=2.0, limit=1, in_flight=1))
+    assert shed["type"] == "error"
+    assert (shed["error"]["code"], shed["error"]["type"], shed["error"]["retry_after"]) == (
+        "rate_limit_exceeded",
+        "rate_limit_error",
+        2.0,
+    )
+    assert "retry after 2.00 s" in shed["error"]["message"]
+    assert rt.failure_code("AdmissionRejected") == ("rate_limit_exceeded", "rate_limit_error")
+    assert rt.failure_code("SessionBroken") == ("session_broken", "server_error")
+    assert rt.failure_code("CacheExhausted") == ("cache_exhausted", "invalid_request_error")
+    assert rt.failure_code("EngineStalled") == ("engine_stalled", "server_error")
+    assert rt.failure_code("RuntimeError") == ("runtime_error", "server_error")  # a voice that failed

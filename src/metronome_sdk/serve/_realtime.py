@@ -23,6 +23,7 @@ format is ``_realtime_protocol.py``.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import math
 import time
 from collections import deque
@@ -154,6 +155,10 @@ class RealtimeTransport:
             self._mic_out.close()
 
     async def _read(self) -> None:
+        with contextlib.suppress(SessionBroken):  # the client stopped reading: it was cut off (_send)
+            await self._read_events()
+
+    async def _read_events(self) -> None:
         async for msg in self.ws:
             if msg.type == WSMsgType.TEXT:
                 try:
@@ -411,6 +416,13 @@ class RealtimeTransport:
         except MetronomeError as exc:  # the agent sent its error event; the connection ends with it
             self.failure = exc
             await self._close(_CLOSE_OVERLOADED if isinstance(exc, Overloaded) else _CLOSE_FAILED)
+        except Exception as exc:  # a bug of ours: logged here, the client told only that the server failed
+            self._log.exception("realtime.agent_failed")
+            self.failure = exc
+            with anyio.CancelScope(shield=True):
+                message = "the server failed this session; see its log"
+                await self._send(rt.error_event("server_error", message, type="server_error"))
+                await self._close(_CLOSE_FAILED)
 
     async def receive_audio(self) -> InputFrame:
         await self._observe_turn()
@@ -550,6 +562,10 @@ class RealtimeTransport:
     # reply audio and the response's end -----------------------------------------------------------
 
     async def _pace_audio(self) -> None:
+        with contextlib.suppress(SessionBroken):  # the client stopped reading: it was cut off (_send)
+            await self._pace()
+
+    async def _pace(self) -> None:
         while True:
             if self._audio:
                 response, chunk = self._audio.popleft()
