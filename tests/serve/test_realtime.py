@@ -218,6 +218,35 @@ async def test_response_cancel_stops_the_audio_deltas(engine: Engine) -> None:
     assert "response.output_audio.delta" not in after
 
 
+async def test_speech_over_a_reply_cancels_it_and_no_more_of_its_audio_comes(engine: Engine) -> None:
+    # three seconds of tone a clause, sent in real time: the caller speaks while it plays
+    async with realtime_server(engine, speech=3.0, audio_lead=0.0) as server, aiohttp.ClientSession() as http:
+        client = await _connect(http, server)
+        await client.until("session.created")
+        for chunk in np.array_split(np.concatenate([tone(0.8), quiet(0.6)]), 14):
+            await client.send({"type": "input_audio_buffer.append", "audio": b64(chunk)})
+        first = await client.until("response.output_audio.delta")
+        for chunk in np.array_split(np.concatenate([tone(0.6), quiet(0.6)]), 12):
+            await client.send({"type": "input_audio_buffer.append", "audio": b64(chunk)})
+            await anyio.sleep(0.05)
+        with anyio.fail_after(20):
+            while True:
+                done = await client.until("response.done")
+                if done["response"]["id"] == first["response_id"]:
+                    break
+        await client.until("response.done")  # the caller's new turn is answered
+        await client.ws.close()
+    assert done["response"]["status"] == "cancelled"
+    assert done["response"]["status_details"]["reason"] == "turn_detected"
+    at = client.seen.index(done)
+    late = [e for e in client.seen[at:] if e.get("response_id") == first["response_id"]]
+    assert not late, late
+    assert client.types()[:at].count("input_audio_buffer.speech_started") == 2  # the question, the barge-in
+    with anyio.fail_after(10):
+        while engine.stats().sessions or engine.stats().used_blocks:
+            await anyio.sleep(0.02)
+
+
 async def test_bad_input_gets_error_events_and_the_connection_goes_on(engine: Engine) -> None:
     async with realtime_server(engine, max_append_seconds=1.0) as server, aiohttp.ClientSession() as http:
         client = await _connect(http, server)
