@@ -56,14 +56,14 @@ def detector() -> VoiceActivityDetector:
     return VoiceActivityDetector(end_silence=0.3)
 
 
-def realtime_server(engine: Engine, *, speech: float = 0.6, **config: Any) -> ChatServer:
+def realtime_server(engine: Engine, *, speech: float = 0.6, tts: ToneTTS | None = None, **config: Any) -> ChatServer:
     """``speech``: the seconds of tone each clause of a reply is spoken as."""
     realtime = RealtimeConfig(max_reply_tokens=6, decode_tokens=2, **config)
     return ChatServer(
         engine,
         ServeConfig(port=0, realtime=realtime),
         stt=FixedSTT("hello"),
-        tts=ToneTTS(seconds=speech, rate=16000),
+        tts=tts or ToneTTS(seconds=speech, rate=16000),
         vad=detector,
     )
 
@@ -107,8 +107,9 @@ async def test_a_connection_opens_with_session_created_and_takes_a_session_updat
         client = await _connect(http, server)
         created = await client.until("session.created")
         assert created["session"]["audio"]["input"]["format"] == {"type": "audio/pcm", "rate": 24000}
-        limits = await client.until("rate_limits.updated")
-        assert {r["name"] for r in limits["rate_limits"]} == {"requests", "tokens"}
+        limits = {r["name"]: r for r in (await client.until("rate_limits.updated"))["rate_limits"]}
+        assert (limits["requests"]["limit"], limits["requests"]["remaining"]) == (2, 1)  # this one is admitted
+        assert 0 < limits["tokens"]["remaining"] <= limits["tokens"]["limit"]
         assert engine.stats().sessions == 1  # admitted before the upgrade
         await client.send(
             {
@@ -130,7 +131,8 @@ async def test_a_connection_opens_with_session_created_and_takes_a_session_updat
 
 
 async def test_a_typed_turn_is_answered_as_text(engine: Engine) -> None:
-    async with realtime_server(engine) as server, aiohttp.ClientSession() as http:
+    voice = ToneTTS()
+    async with realtime_server(engine, tts=voice) as server, aiohttp.ClientSession() as http:
         client = await _connect(http, server)
         await client.until("session.created")
         await client.send({"type": "session.update", "session": {"output_modalities": ["text"]}})
@@ -144,6 +146,7 @@ async def test_a_typed_turn_is_answered_as_text(engine: Engine) -> None:
     types = client.types()
     assert types.index("response.created") < types.index("response.output_text.delta") < types.index("response.done")
     assert "response.output_audio.delta" not in types
+    assert not voice.spoken  # nothing was synthesized for a text reply
     text = "".join(e["delta"] for e in client.seen if e["type"] == "response.output_text.delta")
     assert done["response"]["status"] == "completed"
     assert " ".join(text.split()) == done["response"]["output"][0]["content"][0]["text"]

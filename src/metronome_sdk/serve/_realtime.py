@@ -485,6 +485,8 @@ class RealtimeTransport:
         )
         self._next_output = self._next_metadata = None
         response.transcribed = not pending.audio
+        if self._agent is not None:
+            self._agent.speak = output == "audio"  # a text response is not synthesized at all
         await self._send(rt.server_event("response.created", response=self._response_object(response, "in_progress")))
         self._wake.set()
 

@@ -226,6 +226,7 @@ class VoiceAgent:
         self.clause_words = clause_words
         self.latencies: list[TurnLatency] = []
         self.interruptions = 0
+        self.speak = True  # False: replies go out as transcript only (a text-only client), nothing is synthesized
         self._log = get_logger(session_id=session.id)
         self._turns = 0
         self._next: _Turn | None = None  # heard, not yet answered
@@ -453,7 +454,7 @@ class VoiceAgent:
                     )
                 cut = turn.number <= self._cut
                 last = cut or out.stop or produced >= self.max_reply_tokens
-                while not cut:  # each clause goes to the voice as soon as it is whole
+                while not cut and self.speak:  # each clause goes to the voice as soon as it is whole
                     end = len(pending) if last else clause_end(pending, first=parts == 0, min_words=self.clause_words)
                     if end is None or not pending[:end].strip():
                         break
