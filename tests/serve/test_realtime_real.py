@@ -79,11 +79,13 @@ async def test_the_openai_client_asks_by_voice_hears_paris_and_cancels_an_answer
         )
         # turn 1: the whole answer
         events: list[Any] = []
+        arrived: dict[str, float] = {}  # each event type's first arrival
         with anyio.fail_after(180):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(ask, conn, speech)
                 async for event in conn:
                     events.append(event)
+                    arrived.setdefault(event.type, time.monotonic())
                     if event.type == "response.done":
                         break
         kinds = [e.type for e in events]
@@ -106,6 +108,13 @@ async def test_the_openai_client_asks_by_voice_hears_paris_and_cancels_an_answer
         assert len(audio) / 2 / RATE > 0.5, len(audio)  # seconds of speech
         done = events[-1]
         assert done.response.status == "completed"
+        stopped = arrived["input_audio_buffer.speech_stopped"]
+        with capsys.disabled():
+            print(
+                f"\nspeech_stopped -> transcript "
+                f"{1000 * (arrived['conversation.item.input_audio_transcription.completed'] - stopped):.0f} ms, "
+                f"-> first audio delta {1000 * (arrived['response.output_audio.delta'] - stopped):.0f} ms"
+            )
 
         # turn 2: the same question, cancelled at its first audio delta
         events = []
