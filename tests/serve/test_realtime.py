@@ -153,6 +153,21 @@ async def test_a_typed_turn_is_answered_as_text(engine: Engine) -> None:
     assert engine.stats().used_blocks == 0
 
 
+async def test_a_blank_message_is_nothing_to_answer_and_the_next_is_answered(engine: Engine) -> None:
+    async with realtime_server(engine) as server, aiohttp.ClientSession() as http:
+        client = await _connect(http, server)
+        await client.until("session.created")
+        for text in ("  ", "hi"):
+            item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": text}]}
+            await client.send({"type": "conversation.item.create", "item": item})
+            await client.send({"type": "response.create"})
+            if text.strip():
+                assert (await client.until("response.done"))["response"]["status"] == "completed"
+            else:
+                assert (await client.until("error"))["error"]["code"] == "conversation_empty"
+        await client.ws.close()
+
+
 async def test_speech_with_server_vad_is_heard_transcribed_and_answered_with_audio(engine: Engine) -> None:
     async with realtime_server(engine) as server, aiohttp.ClientSession() as http:
         client = await _connect(http, server)

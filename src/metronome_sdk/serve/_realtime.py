@@ -111,7 +111,7 @@ class RealtimeTransport:
         self.settings = rt.SessionSettings(instructions=config.instructions)
         self.gone = False  # the client left: VoiceAgent reads it, so that nobody waits to play to it
         self._request = request
-        self._stt, self._tts, self._vad_factory = stt, tts, vad
+        self._stt, self._tts = stt, tts
         self.vad = vad()
         self._id = rt.new_id("sess")
         self._log = get_logger(session_id=session.id)
@@ -140,9 +140,9 @@ class RealtimeTransport:
     # serving --------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        await self._send(rt.server_event("session.created", session=self._session_object()))
-        await self._send_rate_limits()
         try:
+            await self._send(rt.server_event("session.created", session=self._session_object()))
+            await self._send_rate_limits()
             async with anyio.create_task_group() as tg:
                 self._tg = tg
                 tg.start_soon(self._pace_audio)
@@ -190,7 +190,7 @@ class RealtimeTransport:
             item_id, text = rt.user_text(event)
             self._texts.append((item_id, text))
             item = rt.message_item(item_id, "user", [{"type": "input_text", "text": text}])
-            previous = event.get("previous_item_id")
+            previous = event.get("previous_item_id") if isinstance(event.get("previous_item_id"), str) else None
             await self._send(rt.server_event("conversation.item.added", previous_item_id=previous, item=item))
             await self._send(rt.server_event("conversation.item.done", previous_item_id=previous, item=item))
         elif kind == "conversation.item.truncate":
@@ -238,7 +238,7 @@ class RealtimeTransport:
         await self.session.aclose()
         try:
             self.session = self.engine.try_session(instructions, decode_tokens=self.config.decode_tokens)
-        except MetronomeError as exc:
+        except Exception as exc:  # AdmissionRejected (another caller took the place), CacheExhausted, ValueError
             self.failure = exc
             await self._fail(exc)
             return False
@@ -362,17 +362,21 @@ class RealtimeTransport:
         if self._committed:
             audio, self._committed = np.concatenate(self._committed), []
             assert self._committed_item is not None
-            self._pending.append(_Pending(self._committed_item, audio=True, committed=True))
-            agent.end_turn(audio)
+            pending = _Pending(self._committed_item, audio=True, committed=True)
+            heard = agent.end_turn(audio)
         elif self._texts:
             item_id, text = self._texts[-1][0], "\n".join(t for _, t in self._texts)
             self._texts = []
-            self._pending.append(_Pending(item_id, audio=False, committed=True))
-            agent.end_turn(text=text)
+            pending = _Pending(item_id, audio=False, committed=True)
+            heard = agent.end_turn(text=text)
         else:  # nothing new from the user: the response's own instructions are the turn (a greeting, a nudge)
             assert isinstance(instructions, str)
-            self._pending.append(_Pending(rt.new_id("item"), audio=False, committed=True))
-            agent.end_turn(text=instructions)
+            pending = _Pending(rt.new_id("item"), audio=False, committed=True)
+            heard = agent.end_turn(text=instructions)
+        if not heard:  # blank text: no turn for the agent, so no response is coming
+            self._next_output = self._next_metadata = None
+            raise rt.RealtimeProtocolError("conversation_empty", "the message to answer is blank", event_id=event_id)
+        self._pending.append(pending)
 
     async def _cancel(self, event_id: str | None, *, quiet: bool) -> None:
         response = self._response
@@ -473,6 +477,8 @@ class RealtimeTransport:
         if self._response is not None:  # a new turn while the last reply still played: that reply is over
             self._response.cancelled = self._response.cancelled or "turn_detected"
             await self._finish(self._response)
+        while len(self._pending) > 1:  # turns heard while the agent was busy: it answers only the latest
+            self._pending.popleft()
         pending = self._pending.popleft() if self._pending else _Pending(rt.new_id("item"), audio=True, committed=False)
         if pending.audio and not pending.committed:
             await self._send_committed(pending.item_id, self._last_item())
