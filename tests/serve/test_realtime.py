@@ -335,10 +335,17 @@ async def test_past_the_admission_cap_connections_get_429_with_retry_after(engin
             refusals.append(info.value)
         assert {r.status for r in refusals} == {429}
         assert all(r.headers is not None and int(r.headers["Retry-After"]) >= 1 for r in refusals)
+        async with http.get(server.url.removesuffix("/v1") + "/metrics") as metrics:
+            text = await metrics.text()
+        assert 'metronome_serve_realtime_connections_total{status="429"} 6.0' in text
+        assert "metronome_serve_realtime_open 2.0" in text
         # the admitted ones still answer
+        item = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
         for client in admitted:
-            await client.send({"type": "session.update", "session": {"instructions": "x"}})
-            await client.until("session.updated")
+            await client.send({"type": "conversation.item.create", "item": item})
+            await client.send({"type": "response.create"})
+        for client in admitted:
+            assert (await client.until("response.done"))["response"]["status"] == "completed"
             await client.ws.close()
     assert engine.stats().used_blocks == 0
 

@@ -346,6 +346,15 @@ class ChatServer:
 
     async def _realtime(self, request: web.Request) -> web.StreamResponse:
         """``GET /v1/realtime``: refused before the upgrade (401, 426, 429/503), else one session's WebSocket."""
+        self.metrics.realtime_open.inc()
+        try:
+            response = await self._realtime_connection(request)
+        finally:
+            self.metrics.realtime_open.dec()
+        self.metrics.realtime_answers.labels(str(response.status)).inc()  # 101: upgraded, served and ended
+        return response
+
+    async def _realtime_connection(self, request: web.Request) -> web.StreamResponse:
         refused = self._refusal(request, json_body=False)
         if refused is not None:
             return refused
@@ -360,7 +369,6 @@ class ChatServer:
             session = self.engine.try_session(realtime.instructions, decode_tokens=realtime.decode_tokens)
         except Exception as exc:  # AdmissionRejected (429 + Retry-After), a closed engine (503)
             return self._failure(exc)
-        self.metrics.requests.labels("101").inc()
         return await serve_realtime(
             request,
             self.engine,
