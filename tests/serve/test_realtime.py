@@ -11,6 +11,7 @@ import asyncio
 import base64
 import json
 import socket
+import typing
 from typing import Any
 
 import aiohttp
@@ -582,3 +583,64 @@ def test_overload_is_rate_limit_exceeded_with_the_retry_hint_and_the_rest_snake_
     assert rt.failure_code("CacheExhausted") == ("cache_exhausted", "invalid_request_error")
     assert rt.failure_code("EngineStalled") == ("engine_stalled", "server_error")
     assert rt.failure_code("RuntimeError") == ("runtime_error", "server_error")  # a voice that failed
+
+
+# the events' shapes -----------------------------------------------------------------------------
+
+
+def _server_event_models() -> dict[str, Any]:
+    """The ``openai`` client's model for each server event type (its ``RealtimeServerEvent`` union)."""
+    from openai.types.realtime import RealtimeServerEvent
+
+    union = typing.get_args(RealtimeServerEvent)[0]
+    return {typing.get_args(cls.model_fields["type"].annotation)[0]: cls for cls in typing.get_args(union)}
+
+
+async def test_every_event_sent_validates_against_the_openai_clients_models(engine: Engine) -> None:
+    # the client itself builds events unchecked (construct), so a wrong shape would only show in use
+    async with realtime_server(engine) as server, aiohttp.ClientSession() as http:
+        client = await _connect(http, server)
+        await client.until("session.created")
+        for chunk in np.array_split(np.concatenate([tone(0.8), quiet(0.6)]), 14):
+            await client.send({"type": "input_audio_buffer.append", "audio": b64(chunk)})
+        await client.until("response.done")
+        await client.send(
+            {
+                "type": "session.update",
+                "session": {"output_modalities": ["text"], "audio": {"input": {"turn_detection": None}}},
+            }
+        )
+        await client.send({"type": "conversation.item.create", "item": _TEXT_ITEM})
+        await client.send({"type": "response.create"})
+        await client.until("response.done")
+        await client.send({"type": "input_audio_buffer.append", "audio": b64(tone(0.5))})
+        await client.send({"type": "input_audio_buffer.commit"})
+        await client.send({"type": "response.create", "response": {"output_modalities": ["audio"]}})
+        await client.until("response.output_audio.delta")
+        await client.send({"type": "response.cancel"})
+        await client.until("response.done")
+        await client.send({"type": "response.cancel"})
+        await client.until("error")
+        await client.send({"type": "input_audio_buffer.clear"})
+        await client.until("input_audio_buffer.cleared")
+        await client.send({"type": "conversation.item.truncate", "item_id": "i", "content_index": 0, "audio_end_ms": 5})
+        await client.until("conversation.item.truncated")
+        await client.ws.close()
+    models = _server_event_models()
+    for event in client.seen:
+        models[event["type"]].model_validate(event)  # raises on a field missing or mistyped
+    assert {e["type"] for e in client.seen} >= {
+        "session.created",
+        "session.updated",
+        "rate_limits.updated",
+        "input_audio_buffer.speech_started",
+        "input_audio_buffer.speech_stopped",
+        "input_audio_buffer.committed",
+        "conversation.item.input_audio_transcription.completed",
+        "response.created",
+        "response.output_audio.delta",
+        "response.output_audio_transcript.delta",
+        "response.output_text.delta",
+        "response.done",
+        "error",
+    }

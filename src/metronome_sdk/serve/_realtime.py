@@ -68,6 +68,7 @@ class _Response:
     text: list[str] = field(default_factory=list)
     decoded: bool = False  # the agent's final transcript came: no more text
     transcribed: bool = False  # its user item's transcript was sent
+    heard_seconds: float = 0.0  # the user's speech it answers
     cancelled: str | None = None  # why: "client_cancelled", "turn_detected"
     audio_sent: int = 0  # samples at 24 kHz
     first_audio_at: float = math.nan
@@ -81,6 +82,7 @@ class _Pending:
     item_id: str
     audio: bool
     committed: bool  # input_audio_buffer.committed was sent for it
+    seconds: float = 0.0  # of speech, for the transcription's usage
 
 
 class RealtimeTransport:
@@ -125,6 +127,7 @@ class RealtimeTransport:
         self._buffered = 0
         self._received = 0  # samples at 24 kHz appended in all, for audio_start_ms / audio_end_ms
         self._speech_item: str | None = None  # the item the speech under way will become
+        self._speech_start_ms = 0  # where in the appended audio it started
         self._committed: list[npt.NDArray[np.int16]] = []  # push-to-talk turns committed, not yet answered
         self._committed_item: str | None = None
         self._texts: list[tuple[str, str]] = []  # typed user items since the last reply
@@ -293,7 +296,7 @@ class RealtimeTransport:
                 "input_audio_buffer_commit_empty", "no speech was heard since the last turn", event_id=event_id
             )
         self._speech_item = None
-        self._pending.append(_Pending(item_id, audio=True, committed=True))
+        self._pending.append(_Pending(item_id, audio=True, committed=True, seconds=self._speech_seconds()))
         await self._send_committed(item_id, previous)
 
     def _last_item(self) -> str | None:
@@ -362,7 +365,9 @@ class RealtimeTransport:
         if self._committed:
             audio, self._committed = np.concatenate(self._committed), []
             assert self._committed_item is not None
-            pending = _Pending(self._committed_item, audio=True, committed=True)
+            pending = _Pending(
+                self._committed_item, audio=True, committed=True, seconds=audio.size / self.vad.sample_rate
+            )
             heard = agent.end_turn(audio)
         elif self._texts:
             item_id, text = self._texts[-1][0], "\n".join(t for _, t in self._texts)
@@ -438,12 +443,16 @@ class RealtimeTransport:
         if speaking and self._speech_item is None:
             self._speech_item = item = rt.new_id("item")
             start = max(0, round((self._received / rt.RATE - self.vad.speech_heard) * 1000))
+            self._speech_start_ms = start
             await self._send(rt.server_event("input_audio_buffer.speech_started", audio_start_ms=start, item_id=item))
         elif not speaking and self._speech_item is not None:
             item, self._speech_item = self._speech_item, None
-            self._pending.append(_Pending(item, audio=True, committed=False))
+            self._pending.append(_Pending(item, audio=True, committed=False, seconds=self._speech_seconds()))
             end = round(self._received / rt.RATE * 1000)
             await self._send(rt.server_event("input_audio_buffer.speech_stopped", audio_end_ms=end, item_id=item))
+
+    def _speech_seconds(self) -> float:
+        return max(0.0, self._received / rt.RATE - self._speech_start_ms / 1000)
 
     async def send_event(self, event: Event) -> None:
         kind = event.get("type")
@@ -491,6 +500,7 @@ class RealtimeTransport:
         )
         self._next_output = self._next_metadata = None
         response.transcribed = not pending.audio
+        response.heard_seconds = pending.seconds
         if self._agent is not None:
             self._agent.speak = output == "audio"  # a text response is not synthesized at all
         await self._send(rt.server_event("response.created", response=self._response_object(response, "in_progress")))
@@ -507,6 +517,7 @@ class RealtimeTransport:
                 item_id=response.user_item,
                 content_index=0,
                 transcript=text,
+                usage={"type": "duration", "seconds": round(response.heard_seconds, 3)},
             )
         )
         item = rt.message_item(response.user_item, "user", [{"type": "input_audio", "transcript": text}])
@@ -628,12 +639,14 @@ class RealtimeTransport:
                 await self._send(rt.server_event("response.output_audio.done", **where))
                 await self._send(rt.server_event("response.output_audio_transcript.done", **where, transcript=text))
                 part = {"type": "audio", "transcript": text}
+                content = {"type": "output_audio", "transcript": text}
             else:
                 await self._send(rt.server_event("response.output_text.done", **where, text=text))
                 part = {"type": "text", "text": text}
+                content = {"type": "output_text", "text": text}
             await self._send(rt.server_event("response.content_part.done", **where, part=part))
             item = rt.message_item(
-                response.item_id, "assistant", [part], status="completed" if status == "completed" else "incomplete"
+                response.item_id, "assistant", [content], status="completed" if status == "completed" else "incomplete"
             )
             output.append(item)
             await self._send(
