@@ -266,6 +266,31 @@ async def test_speech_over_a_reply_cancels_it_and_no_more_of_its_audio_comes(eng
             await anyio.sleep(0.02)
 
 
+async def test_without_interrupt_response_a_reply_plays_out_before_the_next_turns(engine: Engine) -> None:
+    async with realtime_server(engine, speech=1.5, audio_lead=0.0) as server, aiohttp.ClientSession() as http:
+        client = await _connect(http, server)
+        await client.until("session.created")
+        detection = {"type": "server_vad", "interrupt_response": False}
+        await client.send({"type": "session.update", "session": {"audio": {"input": {"turn_detection": detection}}}})
+        await client.until("session.updated")
+        for chunk in np.array_split(np.concatenate([tone(0.8), quiet(0.6)]), 14):
+            await client.send({"type": "input_audio_buffer.append", "audio": b64(chunk)})
+        first = await client.until("response.output_audio.delta")
+        for chunk in np.array_split(np.concatenate([tone(0.6), quiet(0.6)]), 12):  # a turn over the reply
+            await client.send({"type": "input_audio_buffer.append", "audio": b64(chunk)})
+            await anyio.sleep(0.05)
+        done = await client.until("response.done")
+        second = await client.until("response.done")
+        await client.ws.close()
+    assert done["response"]["id"] == first["response_id"]
+    assert done["response"]["status"] == "completed"  # not cut: it played out
+    at = client.seen.index(done)
+    assert all(e.get("response_id") != first["response_id"] for e in client.seen[at:])
+    created = [e for e in client.seen if e["type"] == "response.created"]
+    assert [e["response"]["id"] for e in created] == [first["response_id"], second["response"]["id"]]
+    assert client.seen.index(created[1]) > at  # the next turn's response began after the first ended
+
+
 async def test_bad_input_gets_error_events_and_the_connection_goes_on(engine: Engine) -> None:
     async with realtime_server(engine, max_append_seconds=1.0) as server, aiohttp.ClientSession() as http:
         client = await _connect(http, server)

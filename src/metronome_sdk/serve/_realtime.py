@@ -483,7 +483,12 @@ class RealtimeTransport:
 
     async def _turn_heard(self) -> None:
         await self._observe_turn()  # the detector ended the turn after the last frame was taken
-        if self._response is not None:  # a new turn while the last reply still played: that reply is over
+        # the last reply is decoded, and its clauses are the ones the voice still has: let them go out
+        # (a barge-in cut them already), so that none of its audio goes out as the next response's
+        with anyio.move_on_after(60):
+            while self._response is not None:
+                await anyio.sleep(0.02)
+        if self._response is not None:
             self._response.cancelled = self._response.cancelled or "turn_detected"
             await self._finish(self._response)
         while len(self._pending) > 1:  # turns heard while the agent was busy: it answers only the latest
