@@ -68,6 +68,7 @@ PENDING: dict[str, str] = {
     "concepts.md": "the sweep and admit figures of its plots have no JSON in docs/data",
     "models.md": "its measured load and step figures not yet moved to docs/lab/ or marked",
     "quality.md": "no JSON of its two eval quality runs is in docs/data: figures from printouts",
+    "realtime.md": "its figures are the endpoint's limits and defaults (24 kHz, RealtimeConfig's), not yet allowed",
     "reliability.md": "defaults not yet allowed; its soak figures have no JSON",
     "serve.md": "its two overload runs have no JSON in docs/data",
     "sizing.md": "its formula tables not yet allowed or generated",

@@ -25,6 +25,8 @@ EXAMPLES = ROOT / "examples"
 TESTED = {"voice_agent.py", "webrtc_server.py"}  # each has a test below
 # the serve and integration examples are run by tests/serve/test_serve_examples.py
 TESTED |= {"openai_client.py", "pipecat_bot.py", "livekit_agent.py"}
+# the Realtime clients: tests/serve/test_realtime_clients.py (tiny engine), test_realtime_real.py (real voice)
+TESTED |= {"realtime_clients.py"}
 TOKEN = "example-token"
 
 

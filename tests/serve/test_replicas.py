@@ -151,7 +151,7 @@ async def test_two_replicas_behind_nginx_spill_refuse_and_fail_alone(tmp_path: P
     env = {**os.environ, "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
 
     def replica_argv(name: str) -> list[str]:
-        argv = [sys.executable, "-m", "metronome_sdk.cli", "serve", "--replica-id", name]
+        argv = [sys.executable, "-m", "metronome_sdk.cli", "serve", "--no-realtime", "--replica-id", name]
         return [*argv, "--max-sessions", str(CAP), "--min-sessions", str(CAP), "--max-tokens", "6"]
 
     for name in ("a", "b"):

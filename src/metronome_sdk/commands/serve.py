@@ -1,4 +1,4 @@
-"""``metronome serve``: OpenAI-compatible chat completions on the embedded engine (127.0.0.1:8000)."""
+"""``metronome serve``: OpenAI-compatible chat completions and Realtime on the embedded engine (127.0.0.1:8000)."""
 
 from __future__ import annotations
 
@@ -30,6 +30,11 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--min-sessions", type=int, default=None, help="never let the latency-driven cap fall below this many"
     )
+    p.add_argument(
+        "--no-realtime",
+        action="store_true",
+        help="serve chat completions only: no /v1/realtime, and no speech models loaded",
+    )
     p.epilog = f"Set ${TOKEN_ENV} to require 'Authorization: Bearer <token>' (the OpenAI client's api_key)."
 
 
@@ -38,12 +43,17 @@ def _run(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    import importlib.util
     import os
 
     from .. import AdmissionConfig, Engine, EngineConfig, TimingConfig
-    from ..serve import ChatServer, ServeConfig
+    from ..serve import ChatServer, RealtimeConfig, ServeConfig
 
     token = os.environ.get(TOKEN_ENV) or None
+    realtime = None if args.no_realtime else RealtimeConfig()
+    if realtime is not None and importlib.util.find_spec("faster_whisper") is None:
+        print("note: no /v1/realtime: it needs the [voice] extra (pip install 'metronome-sdk[voice]')", file=sys.stderr)
+        realtime = None
     config = ServeConfig(
         host=args.host,
         port=args.port,
@@ -51,6 +61,7 @@ async def _serve(args: argparse.Namespace) -> int:
         max_tokens=args.max_tokens,
         idle_timeout=args.idle_timeout,
         replica_id=args.replica_id,
+        realtime=realtime,
     )
     for flag, value in (("--max-sessions", args.max_sessions), ("--min-sessions", args.min_sessions)):
         if value is not None and value < 1:
@@ -64,7 +75,7 @@ async def _serve(args: argparse.Namespace) -> int:
     engine_config = EngineConfig(kv="window", window=args.window, sinks=args.sinks, memory_bytes=args.memory_mib << 20)
     if not _loopback(args.host) and token is None:
         print(f"warning: serving on {args.host} with no token; anyone who reaches it may use it", file=sys.stderr)
-    print("loading the model ...", file=sys.stderr, flush=True)
+    print("loading the model" + (" and the voice" if realtime else "") + " ...", file=sys.stderr, flush=True)
     # short prefill chunks, so that a long prompt never holds the metronome for long on a CPU
     timing = TimingConfig(period=0.08, max_chunk_tokens=16)
     with stop_on_signals() as stop:
@@ -78,5 +89,9 @@ async def _serve(args: argparse.Namespace) -> int:
 
 
 SERVE = Command(
-    None, "serve", "serve OpenAI-compatible /v1/chat/completions on the embedded engine (127.0.0.1:8000)", _add, _run
+    None,
+    "serve",
+    "serve OpenAI-compatible /v1/chat/completions and /v1/realtime on the embedded engine (127.0.0.1:8000)",
+    _add,
+    _run,
 )

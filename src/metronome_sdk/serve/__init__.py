@@ -3,7 +3,7 @@
 ``ChatServer(engine, ServeConfig(...))``; ``async with`` starts and stops it. See docs/serve.md.
 """
 
-from ._config import ServeConfig
+from ._config import RealtimeConfig, ServeConfig
 from ._server import ChatServer
 
-__all__ = ["ChatServer", "ServeConfig"]
+__all__ = ["ChatServer", "RealtimeConfig", "ServeConfig"]

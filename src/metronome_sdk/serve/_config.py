@@ -6,7 +6,7 @@ import math
 import re
 from dataclasses import dataclass, field
 
-__all__ = ["ServeConfig", "check_replica_id"]
+__all__ = ["RealtimeConfig", "ServeConfig", "check_replica_id"]
 
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
 
@@ -35,6 +35,51 @@ def _count(name: str, value: object, low: int, hint: str) -> None:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class RealtimeConfig:
+    """The ``/v1/realtime`` endpoint's voice and limits (docs/realtime.md).
+
+    ``instructions``: the system prompt a connection starts with, until its first
+    ``session.update`` names others (pinned: they can change only before the first turn).
+    ``max_reply_tokens`` bounds each answer (a ``max_output_tokens`` below it lowers it);
+    ``decode_tokens`` is each session's ``Session.decode_tokens`` (4: the voice's first
+    clause is whole in fewer ticks). Limits on what a client sends: one
+    ``input_audio_buffer.append`` carries at most ``max_append_seconds`` of audio (10 s
+    of pcm16 at 24 kHz is 480 kB, 640 kB in base64; a larger WebSocket message is closed
+    with code 1009), and the push-to-talk buffer (turn detection off) holds at most
+    ``max_buffer_seconds``. ``send_timeout``: a client that stops reading for that long is
+    disconnected and its session closed. ``audio_lead``: how far ahead of real time reply
+    audio is sent, so that ``response.cancel`` and a barge-in cut what was not yet sent.
+    """
+
+    instructions: str = "Answer the question in one short English sentence."
+    max_reply_tokens: int = 48
+    decode_tokens: int = 4
+    max_append_seconds: float = 10.0
+    max_buffer_seconds: float = 60.0
+    send_timeout: float = 5.0
+    audio_lead: float = 0.5
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.instructions, str):
+            raise ValueError(f"instructions must be a str, got {type(self.instructions).__name__}")
+        _count("max_reply_tokens", self.max_reply_tokens, 1, "try 48")
+        _count("decode_tokens", self.decode_tokens, 1, "4 suits speech")
+        _number("max_append_seconds", self.max_append_seconds, low=0, hint="try 10 (seconds of audio)")
+        _number("max_buffer_seconds", self.max_buffer_seconds, low=0, hint="try 60 (seconds of audio)")
+        _number("send_timeout", self.send_timeout, low=0, hint="try 5 (seconds)")
+        _number("audio_lead", self.audio_lead, low=0, open_low=False, hint="try 0.5 (seconds)")
+
+    @property
+    def max_append_bytes(self) -> int:
+        return round(self.max_append_seconds * 24000) * 2
+
+    @property
+    def max_message_bytes(self) -> int:
+        """The largest WebSocket message taken: a full append in base64, and room for its JSON."""
+        return self.max_append_bytes * 4 // 3 + 65536
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ServeConfig:
     """The OpenAI-compatible server's address, limits and session policy.
 
@@ -54,6 +99,8 @@ class ServeConfig:
     the engine stalled before the first token. ``model`` is the name responses carry.
     ``replica_id``: this server's name as one replica of many (``X-Metronome-Replica`` on
     every response, a ``replica`` label on every metric; docs/serving-many.md).
+    ``realtime``: serve ``/v1/realtime`` (the OpenAI Realtime API: speech in, speech out)
+    with these settings; ``None`` serves chat completions only and loads no voice.
     """
 
     host: str = "127.0.0.1"
@@ -68,6 +115,7 @@ class ServeConfig:
     decode_tokens: int = 1
     model: str = "metronome"
     replica_id: str | None = None
+    realtime: RealtimeConfig | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -88,6 +136,8 @@ class ServeConfig:
         if not isinstance(self.model, str) or not self.model:
             raise ValueError(f"model must be a non-empty str, got {self.model!r}")
         check_replica_id(self.replica_id)
+        if self.realtime is not None and not isinstance(self.realtime, RealtimeConfig):
+            raise ValueError(f"realtime must be a RealtimeConfig or None, got {type(self.realtime).__name__}")
 
     def __repr__(self) -> str:
         token = "set" if self.token else "none"

@@ -38,5 +38,15 @@ class ServeMetrics:
             registry=r,
         )
 
+        self.realtime_answers = Counter(
+            "metronome_serve_realtime_connections_total",
+            "/v1/realtime connections by the HTTP status answered (101: upgraded and served)",
+            ["status"],
+            registry=r,
+        )
+        self.realtime_open = Gauge(
+            "metronome_serve_realtime_open", "/v1/realtime connections open (or being refused)", registry=r
+        )
+
     def text(self) -> bytes:
         return generate_latest(self.registry)

@@ -15,7 +15,9 @@ stream; ``CacheExhausted`` is 400 with ``x-should-retry: false``. Bad input is 4
 ``DELETE /v1/sessions/{key}`` closes a named session at once (the call ended); one
 idle for ``idle_timeout`` closes by itself. ``GET /metrics`` (Prometheus: the engine's
 and the server's), ``GET /healthz``; as one replica of many, ``/readyz`` and the
-``X-Metronome-Replica`` header (``_replica.py``).
+``X-Metronome-Replica`` header (``_replica.py``). With ``ServeConfig.realtime``, ``GET /v1/realtime``
+is the OpenAI Realtime API over WebSocket (``_realtime.py``, docs/realtime.md): one
+connection is one session, refused before the upgrade with 429 (or 503) and ``Retry-After``.
 
 Why this module is past 400 lines: it is one HTTP API, whose routes share one session
 registry, one set of refusal rules and one writer for streamed and whole replies; the
@@ -44,9 +46,13 @@ from .._log import get_logger
 from .._session import Session
 from ..integrations._conversation import Conversation, ReplyPiece, new_turns, split_system
 from ..integrations._errors import ErrorMapping, error_mapping, retry_after_seconds
+from ..voice._piper import PiperTTS
+from ..voice._protocols import SpeechToText, TextToSpeech
+from ..voice._vad import VoiceActivityDetector, default_turn_detector
 from . import _openai as oai
 from ._config import ServeConfig
 from ._metrics import ServeMetrics
+from ._realtime import serve_realtime
 from ._replica import Replica
 from ._sessions import Named, SessionRegistry
 
@@ -96,10 +102,22 @@ class ChatServer:
     (loading the model if the engine has not) and stops it; stopping interrupts every
     reply with an error event and closes every session. ``app`` is the aiohttp
     application; ``metrics`` the server's own counters.
+
+    With ``config.realtime``, ``/v1/realtime`` answers speech with the demo's voice:
+    ``stt`` and ``tts`` (by default Whisper tiny.en and Piper's joe voice, the ``[voice]``
+    extra, loaded by ``start()``), and a turn detector per connection from ``vad``
+    (by default ``default_turn_detector``).
     """
 
     def __init__(
-        self, engine: Engine, config: ServeConfig | None = None, *, sampling: SamplingParams | None = None
+        self,
+        engine: Engine,
+        config: ServeConfig | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        stt: SpeechToText | None = None,
+        tts: TextToSpeech | None = None,
+        vad: Callable[[], VoiceActivityDetector] | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise ValueError(f"engine must be a metronome Engine, got {type(engine).__name__}")
@@ -109,6 +127,8 @@ class ChatServer:
         self.config = config or ServeConfig()
         self.metrics = ServeMetrics()
         self._sampling = sampling
+        self._stt, self._tts, self._vad = stt, tts, vad
+        self._own_voice: list[PiperTTS] = []  # the voices this server started, and stops
         self._registry = SessionRegistry(idle_timeout=self.config.idle_timeout)
         self._replies: set[anyio.CancelScope] = set()  # every reply in flight, for shutdown
         self._closing = False
@@ -130,6 +150,8 @@ class ChatServer:
             headroom=self.metrics.admission_headroom,
         )
         self._replica.install(self.app)  # X-Metronome-Replica on every response, /readyz
+        if self.config.realtime is not None:
+            self.app.router.add_get("/v1/realtime", self._realtime)
 
     # lifecycle -----------------------------------------------------------------------------------
 
@@ -144,7 +166,15 @@ class ChatServer:
 
     async def start(self) -> None:
         """Load the model (if the engine has not), then listen."""
-        await self.engine.start()
+        if self.config.realtime is not None:
+            # the voice loads (its threads and the piper process) while the engine loads the model
+            voice = asyncio.ensure_future(asyncio.to_thread(self._load_voice))
+            try:
+                await self.engine.start()
+            finally:
+                await voice
+        else:
+            await self.engine.start()
         if self.engine.tokenizer is None:
             raise ValueError("metronome serve needs an engine with a tokenizer (Engine(tokenizer=...))")
         # a client that hangs up cancels its handler, so a dropped stream stops decoding at once
@@ -156,6 +186,11 @@ class ChatServer:
         self.port = runner.addresses[0][1]
         self._reaper = asyncio.ensure_future(self._reap())
         self._log.info("serve.listening", url=self.url, token=self.config.token is not None)
+
+    def _load_voice(self) -> None:
+        from ..voice._default import load_voice  # the [voice] extra, only where /v1/realtime is served
+
+        self._stt, self._tts = load_voice(self._stt, self._tts, self._own_voice)
 
     async def _reap(self) -> None:
         period = min(max(self.config.idle_timeout / 4, 0.05), 30.0)
@@ -189,6 +224,8 @@ class ChatServer:
             await runner.cleanup()
         await self._registry.aclose()
         self.metrics.named_sessions.set(0)
+        while self._own_voice:
+            await asyncio.to_thread(self._own_voice.pop().close)
 
     # requests ------------------------------------------------------------------------------------
 
@@ -320,6 +357,42 @@ class ChatServer:
             await self._registry.drop(entry)
         self.metrics.named_sessions.set(len(self._registry))
         return web.json_response({"deleted": True})
+
+    async def _realtime(self, request: web.Request) -> web.StreamResponse:
+        """``GET /v1/realtime``: refused before the upgrade (401, 426, 429/503), else one session's WebSocket."""
+        self.metrics.realtime_open.inc()
+        try:
+            response = await self._realtime_connection(request)
+        finally:
+            self.metrics.realtime_open.dec()
+        self.metrics.realtime_answers.labels(str(response.status)).inc()  # 101: upgraded, served and ended
+        return response
+
+    async def _realtime_connection(self, request: web.Request) -> web.StreamResponse:
+        refused = self._refusal(request, json_body=False)
+        if refused is not None:
+            return refused
+        realtime = self.config.realtime
+        assert realtime is not None and self._stt is not None and self._tts is not None  # the route needs them
+        if self._closing:
+            return _error_response(_SHUTTING_DOWN, "the server is shutting down", self.config.stall_retry_after)
+        if not web.WebSocketResponse().can_prepare(request).ok:
+            row = ErrorMapping("UpgradeRequired", 426, "invalid_request_error", "INVALID_REQUEST", False)
+            return _error_response(row, "/v1/realtime is a WebSocket: connect with an Upgrade: websocket request")
+        try:
+            session = self.engine.try_session(realtime.instructions, decode_tokens=realtime.decode_tokens)
+        except Exception as exc:  # AdmissionRejected (429 + Retry-After), a closed engine (503)
+            return self._failure(exc)
+        return await serve_realtime(
+            request,
+            self.engine,
+            session,
+            config=realtime,
+            model=request.query.get("model") or self.config.model,
+            stt=self._stt,
+            tts=self._tts,
+            vad=self._vad or default_turn_detector,
+        )
 
     # replies ---------------------------------------------------------------------------------------
 

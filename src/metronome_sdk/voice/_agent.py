@@ -161,6 +161,7 @@ class _Turn:
     synthesized_at: float = math.nan  # the first clause's speech is ready
     first_synthesis_at: float = math.nan  # and handed to the transport
     answered: bool = False  # the session's reply is complete (or cut)
+    text: str | None = None  # a typed turn (end_turn(text=...)): nothing to transcribe
 
 
 class VoiceAgent:
@@ -264,6 +265,7 @@ class VoiceAgent:
         self.latencies: list[TurnLatency] = []
         self.interruptions = 0
         self.heard_ahead = 0  # turns whose transcript was started at a pause, before the turn ended
+        self.speak = True  # False: replies go out as transcript only (a text-only client), nothing is synthesized
         self._log = get_logger(session_id=session.id)
         self._turns = 0
         self._next: _Turn | None = None  # heard, not yet answered
@@ -400,11 +402,20 @@ class VoiceAgent:
         """The caller speaks over the reply: cut it, so the caller is heard instead."""
         if self.barge_in is None or self.vad.speech_heard < self.barge_in:
             return
+        await self.cut_reply()
+
+    async def cut_reply(self) -> bool:
+        """Stop the reply under way now, as a barge-in does (``response.cancel`` on the Realtime endpoint).
+
+        The frame being decoded is withdrawn (``Session.interrupt()``), no more of the reply is
+        spoken, queued audio is cut on a ``Playback`` transport, and the peer gets an
+        ``interrupted`` event. Whether there was a reply to cut.
+        """
         turn = self._replying
         decoding = turn is not None and turn.number > self._cut
         playing = isinstance(self.transport, Playback) and self.transport.queued_audio_seconds > 0
         if not (decoding or playing):
-            return
+            return False
         event: Event = {"type": "interrupted", "decoding": decoding, "playing": playing}
         if turn is not None:
             self._cut = max(self._cut, turn.number)
@@ -420,6 +431,34 @@ class VoiceAgent:
             "voice.barge_in", turn=self._cut, decoding=decoding, playing=playing, kept_tokens=event.get("kept_tokens")
         )
         await self.transport.send_event(event)
+        return True
+
+    def end_turn(self, utterance: npt.NDArray[np.int16] | None = None, *, text: str | None = None) -> bool:
+        """End the caller's turn now, without waiting for a pause (push-to-talk, a typed message).
+
+        ``text``: a typed turn, answered without transcription. ``utterance``: speech (mono
+        int16 at ``vad.sample_rate``) heard by other means than the turn detector. Neither: what
+        the turn detector has heard of the turn so far. Whether there is a turn to answer.
+        """
+        if text is not None:
+            text = " ".join(text.split())
+            if not text:
+                return False
+            now = time.monotonic()
+            self._turns += 1
+            self._next = _Turn(self._turns, np.zeros(0, dtype=np.int16), speech_end=now, heard_at=now, text=text)
+            self._heard.set()
+            return True
+        if utterance is None:
+            utterance = self.vad.flush()
+        elif utterance.size == 0:
+            return False
+        return self._end_turn(utterance, time.monotonic())
+
+    @property
+    def unspoken(self) -> int:
+        """Clauses of replies sent to the voice and not yet handed to the transport as speech."""
+        return self._unspoken
 
     async def _last_word(self) -> None:
         """The caller's audio ended mid-turn: answer that turn, and let the answer play out."""
@@ -449,7 +488,8 @@ class VoiceAgent:
                     continue
                 self._replying = turn
                 await self.transport.send_event({"type": "state", "state": "thinking"})
-                text = " ".join((await self._transcript(turn)).split())
+                # a text turn (Realtime's conversation.item.create) has its words already
+                text = " ".join((await self._transcript(turn)).split()) if turn.text is None else turn.text
                 turn.transcribed_at = time.monotonic()
                 self._log.info(
                     "voice.heard",
@@ -458,7 +498,9 @@ class VoiceAgent:
                     ahead=turn.early is not None,
                 )
                 try:
-                    if text:
+                    if text and turn.text is not None:
+                        await self._answer(turn, text)
+                    elif text:
                         await self.transport.send_event(
                             {"type": "transcript", "role": "user", "text": text, "final": True}
                         )
@@ -516,7 +558,7 @@ class VoiceAgent:
                     )
                 cut = turn.number <= self._cut
                 last = cut or out.stop or produced >= self.max_reply_tokens
-                while not cut:  # each clause goes to the voice as soon as it is whole
+                while not cut and self.speak:  # each clause goes to the voice as soon as it is whole
                     end = len(pending) if last else clause_end(pending, first=parts == 0, min_words=self.clause_words)
                     if end is None or not pending[:end].strip():
                         break

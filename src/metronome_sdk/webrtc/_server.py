@@ -30,11 +30,11 @@ from .._session import Session
 from ..transports._base import Transport
 from ..voice._admission import VoiceAdmission, speech_work
 from ..voice._agent import TurnLatency, VoiceAgent, error_event
+from ..voice._default import load_voice
 from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
 from ..voice._turn import SmartTurn
 from ..voice._vad import VoiceActivityDetector, default_turn_detector
-from ..voice._whisper import WhisperSTT
 from ._config import ServerConfig
 from ._peer import WebRTCPeer
 
@@ -173,15 +173,7 @@ class WebRTCServer:
         self._log.info("webrtc.listening", url=self.url, token=self.config.token is not None)
 
     def _load_voice(self) -> None:
-        if self._stt is None:
-            stt = WhisperSTT()
-            stt.load()
-            self._stt = stt
-        if self._tts is None:
-            tts = PiperTTS()
-            self._own_voice.append(tts)
-            tts.load()
-            self._tts = tts
+        self._stt, self._tts = load_voice(self._stt, self._tts, self._own_voice)
         if self.config.smart_turn and self._turn_model is None:
             model = SmartTurn()
             model.load()

@@ -1,0 +1,26 @@
+"""The default voice, loaded for a server: Whisper tiny.en in, Piper's joe voice out (the ``[voice]`` extra)."""
+
+from __future__ import annotations
+
+from ._piper import PiperTTS
+from ._protocols import SpeechToText, TextToSpeech
+from ._whisper import WhisperSTT
+
+__all__: list[str] = []  # internal: load_voice, for the WebRTC server and `metronome serve`
+
+
+def load_voice(
+    stt: SpeechToText | None, tts: TextToSpeech | None, started: list[PiperTTS]
+) -> tuple[SpeechToText, TextToSpeech]:
+    """``stt`` and ``tts``, each loaded by default where ``None``; a Piper voice started here goes in
+    ``started``, for its owner to close (its own process). Blocking: call it on a worker thread."""
+    if stt is None:
+        whisper = WhisperSTT()
+        whisper.load()
+        stt = whisper
+    if tts is None:
+        piper = PiperTTS()
+        started.append(piper)
+        piper.load()
+        tts = piper
+    return stt, tts
