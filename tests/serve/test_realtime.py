@@ -59,6 +59,9 @@ def detector() -> VoiceActivityDetector:
 
 def realtime_server(engine: Engine, *, speech: float = 0.6, tts: ToneTTS | None = None, **config: Any) -> ChatServer:
     """``speech``: the seconds of tone each clause of a reply is spoken as."""
+    # a tone voice and a tiny engine say nothing of what callers would hear: admission on the
+    # voice-to-voice objective has its own test below
+    config.setdefault("voice_objective", None)
     realtime = RealtimeConfig(max_reply_tokens=6, decode_tokens=2, **config)
     return ChatServer(
         engine,
@@ -167,6 +170,26 @@ async def test_a_blank_message_is_nothing_to_answer_and_the_next_is_answered(eng
             else:
                 assert (await client.until("error"))["error"]["code"] == "conversation_empty"
         await client.ws.close()
+
+
+async def test_a_connection_past_the_voice_objective_is_refused_before_the_upgrade(engine: Engine) -> None:
+    async with realtime_server(engine, voice_objective=1e-3) as server, aiohttp.ClientSession() as http:
+        assert server.voice_admission is not None
+        client = await _connect(http, server)
+        await client.until("session.created")
+        for chunk in np.array_split(np.concatenate([tone(0.8), quiet(0.6)]), 14):
+            await client.send({"type": "input_audio_buffer.append", "audio": b64(chunk)})
+        await client.until("response.done")
+        with anyio.fail_after(10):  # the turn's latency reaches admission as its first audio goes out
+            while server.voice_admission.stats()["recent_turns"] == 0:
+                await anyio.sleep(0.05)
+        with pytest.raises(aiohttp.WSServerHandshakeError) as refused:
+            await http.ws_connect(ws_url(server))
+        await client.ws.close()
+    assert refused.value.status == 429
+    assert refused.value.headers is not None and int(refused.value.headers["Retry-After"]) >= 1
+    assert server.voice_admission.stats()["refused"] == 1
+    assert engine.stats().used_blocks == 0
 
 
 async def test_speech_with_server_vad_is_heard_transcribed_and_answered_with_audio(engine: Engine) -> None:

@@ -6,6 +6,8 @@ import math
 import re
 from dataclasses import dataclass, field
 
+from ..voice._admission import DEFAULT_OBJECTIVE
+
 __all__ = ["RealtimeConfig", "ServeConfig", "check_replica_id"]
 
 _REPLICA_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,62}")
@@ -58,8 +60,11 @@ class RealtimeConfig:
     max_buffer_seconds: float = 60.0
     send_timeout: float = 5.0
     audio_lead: float = 0.5
+    voice_objective: float | None = DEFAULT_OBJECTIVE
 
     def __post_init__(self) -> None:
+        if self.voice_objective is not None:
+            _number("voice_objective", self.voice_objective, low=0, hint="try 1.5 (seconds), or None")
         if not isinstance(self.instructions, str):
             raise ValueError(f"instructions must be a str, got {type(self.instructions).__name__}")
         _count("max_reply_tokens", self.max_reply_tokens, 1, "try 48")

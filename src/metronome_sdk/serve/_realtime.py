@@ -44,7 +44,7 @@ from .._frames import InputFrame
 from .._log import get_logger
 from .._session import Session
 from ..transports._base import Event
-from ..voice._agent import VoiceAgent
+from ..voice._agent import TurnLatency, VoiceAgent
 from ..voice._protocols import SpeechToText, TextToSpeech
 from ..voice._vad import VoiceActivityDetector
 from . import _realtime_protocol as rt
@@ -104,8 +104,10 @@ class RealtimeTransport:
         stt: SpeechToText,
         tts: TextToSpeech,
         vad: Callable[[], VoiceActivityDetector],
+        on_latency: Callable[[TurnLatency], None] | None = None,
     ) -> None:
         self.ws = ws
+        self._on_latency = on_latency
         self.engine = engine
         self.session = session
         self.config = config
@@ -411,6 +413,8 @@ class RealtimeTransport:
                 decode_tokens=self.config.decode_tokens,
                 barge_in=0.06 if self.settings.interrupt_response else None,
                 stats_interval=3600.0,  # the stats event has no Realtime equivalent; rate_limits.updated says it
+                early_transcribe=True,  # as the WebRTC demo's agent: the turn's transcript starts at a pause
+                on_latency=self._on_latency,
             )
             self._tg.start_soon(self._run_agent, self._agent)
         return self._agent
@@ -744,13 +748,14 @@ async def serve_realtime(  # the handler's body, for ChatServer
     stt: SpeechToText,
     tts: TextToSpeech,
     vad: Callable[[], VoiceActivityDetector],
+    on_latency: Callable[[TurnLatency], None] | None = None,
 ) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=config.max_message_bytes, heartbeat=30.0)
     transport: RealtimeTransport | None = None
     try:
         await ws.prepare(request)
         transport = RealtimeTransport(
-            ws, request, engine, session, config=config, model=model, stt=stt, tts=tts, vad=vad
+            ws, request, engine, session, config=config, model=model, stt=stt, tts=tts, vad=vad, on_latency=on_latency
         )
         await transport.run()
     finally:

@@ -46,6 +46,8 @@ from .._log import get_logger
 from .._session import Session
 from ..integrations._conversation import Conversation, ReplyPiece, new_turns, split_system
 from ..integrations._errors import ErrorMapping, error_mapping, retry_after_seconds
+from ..voice._admission import VoiceAdmission, speech_work
+from ..voice._agent import TurnLatency
 from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
 from ..voice._vad import VoiceActivityDetector, default_turn_detector
@@ -129,6 +131,14 @@ class ChatServer:
         self._sampling = sampling
         self._stt, self._tts, self._vad = stt, tts, vad
         self._own_voice: list[PiperTTS] = []  # the voices this server started, and stops
+        realtime = self.config.realtime
+        # Realtime callers are admitted on what they hear too; the voice is timed at start-up
+        # only where the server loads it (a voice given here calibrates from its first turns)
+        self.voice_admission: VoiceAdmission | None = None
+        if realtime is not None and realtime.voice_objective is not None:
+            self.voice_admission = VoiceAdmission(realtime.voice_objective, retry_after=self.config.stall_retry_after)
+        self._probe = stt is None and tts is None
+        self._realtime_calls = 0  # connections open (admitted and upgraded, or being opened)
         self._registry = SessionRegistry(idle_timeout=self.config.idle_timeout)
         self._replies: set[anyio.CancelScope] = set()  # every reply in flight, for shutdown
         self._closing = False
@@ -175,6 +185,8 @@ class ChatServer:
                 await voice
         else:
             await self.engine.start()
+        if self.voice_admission is not None and self._probe:  # idle now: the model and the voice are loaded
+            await asyncio.to_thread(self._probe_voice, self.voice_admission)
         if self.engine.tokenizer is None:
             raise ValueError("metronome serve needs an engine with a tokenizer (Engine(tokenizer=...))")
         # a client that hangs up cancels its handler, so a dropped stream stops decoding at once
@@ -191,6 +203,21 @@ class ChatServer:
         from ..voice._default import load_voice  # the [voice] extra, only where /v1/realtime is served
 
         self._stt, self._tts = load_voice(self._stt, self._tts, self._own_voice)
+
+    def _probe_voice(self, admission: VoiceAdmission) -> None:
+        assert self._stt is not None and self._tts is not None
+        transcribe, synthesize = speech_work(self._stt, self._tts)
+        pause = (self._vad or default_turn_detector)().end_silence
+        admission.calibrate(work=transcribe + synthesize, rest=pause + 4 * self.engine.timing.period)
+        self._log.info("serve.voice_probe", transcribe=round(transcribe, 3), synthesize=round(synthesize, 3))
+
+    def _observe(self, latency: TurnLatency) -> None:
+        if self.voice_admission is not None:
+            self.voice_admission.observe(
+                voice_to_voice=latency.voice_to_voice,
+                speech=latency.transcribe + latency.synthesize,
+                callers=max(1, self._realtime_calls),
+            )
 
     async def _reap(self) -> None:
         period = min(max(self.config.idle_timeout / 4, 0.05), 30.0)
@@ -361,9 +388,11 @@ class ChatServer:
     async def _realtime(self, request: web.Request) -> web.StreamResponse:
         """``GET /v1/realtime``: refused before the upgrade (401, 426, 429/503), else one session's WebSocket."""
         self.metrics.realtime_open.inc()
+        self._realtime_calls += 1
         try:
             response = await self._realtime_connection(request)
         finally:
+            self._realtime_calls -= 1
             self.metrics.realtime_open.dec()
         self.metrics.realtime_answers.labels(str(response.status)).inc()  # 101: upgraded, served and ended
         return response
@@ -380,6 +409,8 @@ class ChatServer:
             row = ErrorMapping("UpgradeRequired", 426, "invalid_request_error", "INVALID_REQUEST", False)
             return _error_response(row, "/v1/realtime is a WebSocket: connect with an Upgrade: websocket request")
         try:
+            if self.voice_admission is not None:  # the connections already open, this one not counted
+                self.voice_admission.admit(self._realtime_calls - 1)
             session = self.engine.try_session(realtime.instructions, decode_tokens=realtime.decode_tokens)
         except Exception as exc:  # AdmissionRejected (429 + Retry-After), a closed engine (503)
             return self._failure(exc)
@@ -392,6 +423,7 @@ class ChatServer:
             stt=self._stt,
             tts=self._tts,
             vad=self._vad or default_turn_detector,
+            on_latency=self._observe,
         )
 
     # replies ---------------------------------------------------------------------------------------
