@@ -692,3 +692,56 @@ async def test_every_event_sent_validates_against_the_openai_clients_models(engi
         "response.done",
         "error",
     }
+
+
+class _Socket:
+    """What the transport needs of a WebSocket, recording what it sends."""
+
+    closed = False
+
+    def __init__(self) -> None:
+        self.sent: list[dict[str, Any]] = []
+
+    async def send_json(self, event: dict[str, Any]) -> None:
+        self.sent.append(event)
+
+
+async def test_tentative_user_transcripts_are_transcription_deltas_and_only_final_ones_complete(
+    engine: Engine,
+) -> None:
+    from metronome_sdk.serve._realtime import RealtimeTransport
+
+    session = engine.try_session()
+    try:
+        ws = _Socket()
+        transport = RealtimeTransport(
+            ws,  # type: ignore[arg-type]
+            None,  # type: ignore[arg-type]
+            engine,
+            session,
+            config=RealtimeConfig(),
+            model="m",
+            stt=FixedSTT(),
+            tts=ToneTTS(),
+            vad=detector,
+        )
+        transport.vad.push(tone(0.5)[::3].copy())  # 24 kHz to the detector's 16 kHz, near enough: speech
+        assert transport.vad.speaking
+        async with anyio.create_task_group() as tg:
+            transport._tg = tg
+            await transport._observe_turn()  # speech_started: the item the speech will become
+            await transport.send_event({"type": "transcript", "role": "user", "text": "what is", "final": False})
+            await transport.send_event({"type": "state", "state": "thinking"})  # no turn ended: a new item
+            await transport.send_event({"type": "transcript", "role": "user", "text": "what is it", "final": True})
+            tg.cancel_scope.cancel()
+        transport._mic_in.close()  # what run() closes as the connection ends
+        transport._mic_out.close()
+    finally:
+        await session.aclose()
+    kinds = [e["type"] for e in ws.sent]
+    started = next(e for e in ws.sent if e["type"] == "input_audio_buffer.speech_started")
+    delta = next(e for e in ws.sent if e["type"] == "conversation.item.input_audio_transcription.delta")
+    assert (delta["item_id"], delta["delta"]) == (started["item_id"], "what is")
+    completed = [e for e in ws.sent if e["type"] == "conversation.item.input_audio_transcription.completed"]
+    assert [e["transcript"] for e in completed] == ["what is it"]  # the tentative one did not complete it
+    assert kinds.index("conversation.item.input_audio_transcription.delta") < kinds.index("response.created")

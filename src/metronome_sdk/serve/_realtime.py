@@ -462,8 +462,10 @@ class RealtimeTransport:
         kind = event.get("type")
         if kind == "state" and event.get("state") == "thinking":
             await self._turn_heard()
-        elif kind == "transcript" and event.get("role") == "user":
+        elif kind == "transcript" and event.get("role") == "user" and event.get("final", True):
             await self._transcribed(str(event.get("text", "")))
+        elif kind == "transcript" and event.get("role") == "user":  # a tentative transcript, while heard
+            await self._transcribing(str(event.get("text", "")))
         elif kind == "transcript" and event.get("role") == "assistant":
             await self._reply_text(event)
         elif kind == "state" and event.get("state") == "listening":
@@ -531,6 +533,15 @@ class RealtimeTransport:
         )
         item = rt.message_item(response.user_item, "user", [{"type": "input_audio", "transcript": text}])
         await self._send(rt.server_event("conversation.item.done", item=item))
+
+    async def _transcribing(self, text: str) -> None:
+        response = self._response
+        item = self._speech_item or (response.user_item if response is not None and not response.transcribed else None)
+        if item is not None and text:
+            event = rt.server_event(
+                "conversation.item.input_audio_transcription.delta", item_id=item, content_index=0, delta=text
+            )
+            await self._send(event)
 
     async def _turn_done(self) -> None:
         """The agent is done with the turn's text (an empty transcript has no reply at all)."""
