@@ -511,11 +511,11 @@ KNOWN_CODES = {
     "instructions_locked",
 }
 _TEXT_ITEM = {"type": "message", "role": "user", "content": [{"type": "input_text", "text": "hi"}]}
-_ANY_JSON = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.text(max_size=8),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=6), inner, max_size=3),
-    max_leaves=6,
-)
+# JSON two levels deep, built without st.recursive: its check that `extend` uses its argument
+# raised a HypothesisDeprecationWarning now and then in a full run (an error here)
+_JSON_LEAF = st.none() | st.booleans() | st.integers() | st.text(max_size=8)
+_JSON_INNER = _JSON_LEAF | st.lists(_JSON_LEAF, max_size=3)
+_ANY_JSON = _JSON_INNER | st.dictionaries(st.text(max_size=6), _JSON_INNER, max_size=3)
 _SESSIONS = st.fixed_dictionaries(
     {},
     optional={
