@@ -29,6 +29,7 @@ from ..config import ModelConfig
 from ..kv_policy import KVPolicy
 from ..sampling import SamplingParams
 from ..weights import read_config, resolve_model_dir
+from .checks import check_kv_cache_dtype, engine_environment, resolve_dtype
 from .plugin import register, sink_window_arch
 from .positions import gap_blocks
 
@@ -68,7 +69,9 @@ class VLLMEngineCore:
 
     ``model`` is a known name (``"smollm2-135m-instruct"``) or a folder with ``config.json``
     and safetensors weights. ``num_blocks`` fixes vLLM's block pool (usable blocks, of
-    ``block_size`` tokens; on CPU a multiple of 32). ``load_format="dummy"`` builds random
+    ``block_size`` tokens; on CPU a multiple of 32). ``dtype`` defaults to bfloat16 on CUDA
+    and float32 elsewhere; a windowed engine on CUDA refuses float32 and any quantized KV
+    cache (``checks.py``; the CUDA path is untested: no GPU has run it). ``load_format="dummy"`` builds random
     weights from the config alone. ``engine_args`` passes further ``vllm.EngineArgs``
     fields (``tensor_parallel_size``, ``gpu_memory_utilization``, ...).
 
@@ -97,7 +100,7 @@ class VLLMEngineCore:
         tick_tokens: int = 64,
         max_num_seqs: int | None = None,
         max_num_batched_tokens: int | None = None,
-        dtype: str = "float32",
+        dtype: str | None = None,
         load_format: str = "auto",
         enforce_eager: bool | None = None,
         engine_args: Mapping[str, Any] | None = None,
@@ -146,13 +149,17 @@ class VLLMEngineCore:
             max_num_seqs = max_sessions
         if max_num_batched_tokens is None:
             max_num_batched_tokens = max_sessions * tick_tokens
-        # the backend reads vLLM's scheduler, so the engine core must live in this process
-        os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+        # in-process engine core (the backend reads vLLM's scheduler) and the V1 model runner (see checks.py)
+        os.environ.update(engine_environment())
         register()
         import vllm.envs
         from vllm import EngineArgs
         from vllm.platforms import current_platform
         from vllm.v1.engine.llm_engine import LLMEngine
+
+        dtype = resolve_dtype(dtype, cuda=current_platform.is_cuda(), bounded=policy.bounded)
+        if policy.bounded:
+            check_kv_cache_dtype(str((engine_args or {}).get("kv_cache_dtype", "auto")))
 
         args: dict[str, Any] = {
             "model": str(model_dir),
