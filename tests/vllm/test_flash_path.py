@@ -108,7 +108,7 @@ def step_metadata(step: dict[str, Any], *, window: int, sinks: int, block_size: 
     qsl, seq_lens, table = step["qsl"], step["seq_lens"], step["table"]
     cm = CommonAttentionMetadata(
         query_start_loc=qsl,
-        query_start_loc_cpu=qsl.clone(),
+        query_start_loc_cpu=qsl.cpu(),
         seq_lens=seq_lens,
         num_reqs=seq_lens.shape[0],
         num_actual_tokens=int(qsl[-1]),
