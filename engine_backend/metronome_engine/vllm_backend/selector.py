@@ -14,8 +14,9 @@ __all__ = ["select_backend"]
 
 
 def select_backend(head_size: int, dtype: torch.dtype, kv_cache_dtype: str) -> type[AttentionBackend]:
-    """FlashAttention's kernel for the window on CUDA; on CPU the C++ kernel reading the cache in
-    place where it serves the layer (float32, see ``cpu_backend``); the torch pass elsewhere.
+    """FlashAttention's kernel for the window on CUDA (untested: no GPU has run it); on CPU the
+    C++ kernel reading the cache in place where it serves the layer (float32, see
+    ``cpu_backend``); the torch pass elsewhere.
 
     Refuses what no backend here runs right (``checks.py``): a quantized KV cache anywhere, and
     on CUDA a dtype FlashAttention lacks (an explicitly named backend skips vLLM's validation)."""
