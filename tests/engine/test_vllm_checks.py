@@ -10,6 +10,7 @@ import pytest
 from metronome_engine.vllm_backend.checks import (
     check_kv_cache_dtype,
     check_layer_dtype,
+    cuda_compilation,
     engine_environment,
     resolve_dtype,
 )
@@ -54,6 +55,13 @@ def test_plain_kv_cache_is_accepted(name: str) -> None:
 
 def test_engine_pins_the_v1_model_runner_in_process() -> None:
     assert engine_environment() == {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_USE_V2_MODEL_RUNNER": "0"}
+
+
+def test_cuda_graphs_are_piecewise_and_cover_a_tick() -> None:
+    # 200 sessions of 4-token frames: 800 tokens, past vLLM's default capture ceiling of 512
+    assert cuda_compilation(800) == {"cudagraph_mode": "PIECEWISE", "max_cudagraph_capture_size": 800}
+    assert cuda_compilation(64)["max_cudagraph_capture_size"] == 512  # never below vLLM's own default
+    assert cuda_compilation(65_536)["max_cudagraph_capture_size"] == 2048  # capture time and memory bounded
 
 
 def test_checks_import_without_torch_or_vllm() -> None:

@@ -8,13 +8,17 @@
 - KV cache dtype: the sink pass reads the cache as plain values. A quantized cache (FP8 and
   the other packed formats) holds bytes that need their scales, so the sinks would come out
   silently wrong: every backend refuses it.
+- CUDA graphs: the sink pass's index follows the batch's shapes, so attention runs between
+  vLLM's graphs (``PIECEWISE``), and the graphs cover a whole tick's tokens (200 sessions of
+  4-token frames are 800 tokens; vLLM's default capture ends at 512, past which a step runs
+  eagerly), up to ``MAX_CAPTURE_TOKENS``.
 - Model runner: vLLM picks its V2 model runner on CUDA unless told otherwise, while every run
   of this backend so far (the CPU suite) used V1; the engine pins V1 (``engine_environment``).
 """
 
 from __future__ import annotations
 
-__all__ = ["check_kv_cache_dtype", "check_layer_dtype", "engine_environment", "resolve_dtype"]
+__all__ = ["check_kv_cache_dtype", "check_layer_dtype", "cuda_compilation", "engine_environment", "resolve_dtype"]
 
 # the cache dtypes whose bytes are the values themselves (what the sink pass can read)
 PLAIN_KV_CACHE_DTYPES = ("auto", "float16", "half", "bfloat16", "float32", "float")
@@ -57,6 +61,17 @@ def check_kv_cache_dtype(kv_cache_dtype: str) -> None:
             "cache as plain values, so a quantized cache (fp8 and other packed formats) would give "
             "wrong sinks; use kv_cache_dtype='auto' (the model's dtype)"
         )
+
+
+# the largest step captured in a CUDA graph: each captured size costs start-up time and memory
+MAX_CAPTURE_TOKENS = 2048
+_DEFAULT_CAPTURE_TOKENS = 512  # vLLM's own ceiling on most GPUs
+
+
+def cuda_compilation(max_num_batched_tokens: int) -> dict[str, object]:
+    """The ``compilation_config`` a windowed engine gives vLLM on CUDA (untested: no GPU has run it)."""
+    capture = max(_DEFAULT_CAPTURE_TOKENS, min(max_num_batched_tokens, MAX_CAPTURE_TOKENS))
+    return {"cudagraph_mode": "PIECEWISE", "max_cudagraph_capture_size": capture}
 
 
 def engine_environment() -> dict[str, str]:

@@ -29,7 +29,7 @@ from ..config import ModelConfig
 from ..kv_policy import KVPolicy
 from ..sampling import SamplingParams
 from ..weights import read_config, resolve_model_dir
-from .checks import check_kv_cache_dtype, engine_environment, resolve_dtype
+from .checks import check_kv_cache_dtype, cuda_compilation, engine_environment, resolve_dtype
 from .plugin import register, sink_window_arch
 from .positions import gap_blocks
 
@@ -176,6 +176,9 @@ class VLLMEngineCore:
             "max_num_batched_tokens": max(max_num_batched_tokens, max_num_seqs),
             "async_scheduling": False,
         }
+        if current_platform.is_cuda() and policy.bounded:
+            # piecewise graphs sized to a tick's tokens (checks.py); untested: no GPU has run it
+            args["compilation_config"] = cuda_compilation(args["max_num_batched_tokens"])
         if current_platform.is_cpu():
             # the CPU worker reserves this share of RAM up front; the pool is fixed by num_blocks anyway
             args["gpu_memory_utilization"] = 0.2
