@@ -100,13 +100,10 @@ def flash_impl(window: int, sinks: int, **kernels: Any) -> Any:
     return impl
 
 
-def step_metadata(step: dict[str, Any], *, window: int, sinks: int, block_size: int) -> Any:
-    """The step's metadata as the CUDA backend's builder returns it: FlashAttention's, plus the sink index."""
-    # imported in the test: the module imports torch's compiler, whose import warns (warnings are errors)
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
-
+def common_metadata(step: dict[str, Any]) -> CommonAttentionMetadata:
+    """The step as vLLM's model runner hands it to every attention metadata builder."""
     qsl, seq_lens, table = step["qsl"], step["seq_lens"], step["table"]
-    cm = CommonAttentionMetadata(
+    return CommonAttentionMetadata(
         query_start_loc=qsl,
         query_start_loc_cpu=qsl.cpu(),
         seq_lens=seq_lens,
@@ -117,6 +114,15 @@ def step_metadata(step: dict[str, Any], *, window: int, sinks: int, block_size: 
         block_table_tensor=table,
         slot_mapping=step["slots"],
     )
+
+
+def step_metadata(step: dict[str, Any], *, window: int, sinks: int, block_size: int) -> Any:
+    """The step's metadata as the CUDA backend's builder returns it: FlashAttention's, plus the sink index."""
+    # imported in the test: the module imports torch's compiler, whose import warns (warnings are errors)
+    from vllm.v1.attention.backends.flash_attn import FlashAttentionMetadata
+
+    qsl, seq_lens, table = step["qsl"], step["seq_lens"], step["table"]
+    cm = common_metadata(step)
     flash = FlashAttentionMetadata(
         num_actual_tokens=cm.num_actual_tokens,
         max_query_len=cm.max_query_len,
@@ -167,6 +173,52 @@ def test_flash_forward_equals_dense_reference(layout: str, window: int, sinks: i
     assert got is output
     torch.testing.assert_close(output[:n], dense_want(step, window=window, sinks=sinks), rtol=1e-5, atol=1e-5)
     assert torch.isnan(output[n:]).all()
+
+
+@pytest.fixture(scope="module")
+def vllm_config(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A tiny model's vLLM config, as an engine would build it here (nothing loaded)."""
+    from vllm import EngineArgs
+
+    from tests.vllm.conftest import config_only_dir
+
+    folder = config_only_dir(tmp_path_factory.mktemp("flash-config"))
+    return EngineArgs(
+        model=str(folder), skip_tokenizer_init=True, load_format="dummy", enforce_eager=True, max_model_len=1024
+    ).create_engine_config()
+
+
+@pytest.mark.parametrize(("window", "sinks", "block_size"), [(8, 4, 4), (24, 4, 8), (24, 0, 8)])
+def test_builder_gives_forward_its_sink_index(vllm_config: Any, window: int, sinks: int, block_size: int) -> None:
+    """The CUDA backend's metadata builder itself (FlashAttention's, extended): its metadata drives forward."""
+    from vllm.config import set_current_vllm_config
+    from vllm.v1.kv_cache_interface import get_kv_quant_mode
+
+    from metronome_engine.vllm_backend.kv_spec import SinkWindowSpec
+
+    spec = SinkWindowSpec(
+        block_size=block_size,
+        num_kv_heads=KV_HEADS,
+        head_size=HEAD,
+        head_size_v=HEAD,
+        dtype=torch.float32,
+        kv_quant_mode=get_kv_quant_mode("auto"),
+        window=window,
+        sinks=sinks,
+    )
+    builder_cls = SinkWindowFlashBackend().get_builder_cls()
+    with set_current_vllm_config(vllm_config):
+        builder = builder_cls(spec, ["model.layers.0.self_attn.attn"], vllm_config, torch.device("cpu"))
+    step = make_step(window + sinks, window=window, sinks=sinks, block_size=block_size, layout=KVCacheLayout.LBHNC)
+    write_kv(step["cache"], step["k_new"], step["v_new"], step["slots"])
+    md = builder.build(0, common_metadata(step))
+    assert isinstance(md, builder_cls.metadata_cls)
+    assert (md.sink_index is None) == (sinks == 0)
+    output = torch.empty(int(step["qsl"][-1]), HEADS, HEAD)
+    flash_impl(window, sinks).forward(
+        LAYER, packed_query(step, window=window, sinks=sinks), None, None, step["cache"], md, output
+    )
+    torch.testing.assert_close(output, dense_want(step, window=window, sinks=sinks), rtol=1e-5, atol=1e-5)
 
 
 def test_sink_index_is_built_once_per_step_for_every_layer(monkeypatch: pytest.MonkeyPatch) -> None:
