@@ -5,8 +5,9 @@ its kernels (FlashAttention's paged varlen kernel, vLLM's CUDA merge) exist on C
 here they are torch stand-ins written from their definitions: a dense float32 varlen attention
 with FlashAttention's signature and a log-sum-exp merge. Everything else runs as on a GPU, on
 the paged cache of ``test_attention`` (finite junk in every free and freed block), against
-its dense float32 reference. What this cannot show: the CUDA kernels' own numbers, dtypes
-(bf16) and graph capture; ``scripts/gpu_check.sh`` is for those (untested: no GPU has run it).
+its dense float32 reference; and the packing rope traces whole under ``torch.compile``
+(dynamo only, no inductor). What this cannot show: the CUDA kernels' own numbers, dtypes
+(bf16), inductor's code and graph capture; ``scripts/gpu_check.sh`` is for those (untested: no GPU has run it).
 """
 
 from __future__ import annotations
@@ -219,6 +220,28 @@ def test_builder_gives_forward_its_sink_index(vllm_config: Any, window: int, sin
         LAYER, packed_query(step, window=window, sinks=sinks), None, None, step["cache"], md, output
     )
     torch.testing.assert_close(output, dense_want(step, window=window, sinks=sinks), rtol=1e-5, atol=1e-5)
+
+
+def test_packing_rope_traces_whole_under_torch_compile(vllm_config: Any) -> None:
+    """vLLM compiles the model with ``fullgraph``: the rope that packs both query rotations (the CUDA
+    backend's) must trace without a graph break at a dynamic token count, and give what it gives eagerly."""
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.layers.rotary_embedding import get_rope
+
+    from metronome_engine.vllm_backend.model import SinkWindowRope
+
+    with set_current_vllm_config(vllm_config):
+        rope = get_rope(32, 1024, rope_parameters={"rope_type": "default", "rope_theta": 10000.0}, dtype=torch.float32)
+        packing = SinkWindowRope(rope, window=8, sinks=4, pack=True)
+        compiled = torch.compile(packing, fullgraph=True, backend="eager", dynamic=True)
+        for n in (3, 20):  # a second token count: no recompile-per-shape surprises
+            g = torch.Generator().manual_seed(n)
+            pos, q, k = torch.arange(n), torch.randn(n, 4 * 32, generator=g), torch.randn(n, 2 * 32, generator=g)
+            want = packing(pos, q.clone(), k.clone())
+            got = compiled(pos, q.clone(), k.clone())
+            assert got[0].shape == (n, 2 * 4 * 32)
+            for a, b in zip(got, want, strict=True):
+                torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
 def test_sink_index_is_built_once_per_step_for_every_layer(monkeypatch: pytest.MonkeyPatch) -> None:
