@@ -23,13 +23,14 @@ from vllm.v1.kv_cache_interface import KVCacheLayout
 
 from metronome_engine.vllm_backend import native
 from metronome_engine.vllm_backend.attention import (
+    SinkIndex,
     WindowTiles,
     sink_pass,
     sink_window_attention,
     token_requests,
     write_kv,
 )
-from metronome_engine.vllm_backend.attn_backend import SinkWindowTorchMetadata, _merge_sinks
+from metronome_engine.vllm_backend.attn_backend import merge_sinks
 from metronome_engine.vllm_backend.positions import gap_blocks, in_cache_positions
 
 LAYOUTS = {"NHD": KVCacheLayout.LBNHC, "HND": KVCacheLayout.LBHNC}
@@ -120,9 +121,22 @@ def make_step(seed: int, *, window: int, sinks: int, block_size: int, layout: KV
     }
 
 
-class _Impl:
-    def __init__(self, window: int, sinks: int) -> None:
-        self.window, self.sink_tokens, self.scale = window, sinks, 1.0 / math.sqrt(HEAD)
+def sink_index(step: dict[str, object], *, window: int, sinks: int, block_size: int) -> SinkIndex:
+    """The step's sink index, as the CUDA backend's metadata builder builds it."""
+    qsl, seq_lens, table = step["qsl"], step["seq_lens"], step["table"]
+    assert isinstance(qsl, Tensor) and isinstance(seq_lens, Tensor) and isinstance(table, Tensor)
+    max_query_len = step["max_query_len"]
+    assert isinstance(max_query_len, int)
+    return SinkIndex.build(
+        qsl,
+        seq_lens,
+        table,
+        num_tokens=int(qsl[-1]),
+        max_query_len=max_query_len,
+        block_size=block_size,
+        window=window,
+        sinks=sinks,
+    )
 
 
 @pytest.mark.parametrize("scheme", ["kernel", "kernel rotating", "one pass", "two passes"])
@@ -182,11 +196,11 @@ def test_batched_attention_equals_dense_reference(
     elif one_pass:  # the sinks relocated per query with the same RoPE the keys were cached with
         got, _ = sink_window_attention(q, cache, tiles, scale=scale, rotate=lambda at, x: rope(x, at))
     else:
-        md = SinkWindowTorchMetadata(n, qsl, seq_lens, step["table"], step["slots"], tiles)  # type: ignore[arg-type]
+        index = sink_index(step, window=window, sinks=sinks, block_size=block_size) if sinks else None
         out_w, lse_w = sink_window_attention(q, cache, tiles, scale=scale, rotate=None, return_lse=True)
         assert lse_w is not None
         got = torch.empty(n, HEADS, HEAD)
-        _merge_sinks(got, out_w, lse_w, q_sink, cache, md, _Impl(window, sinks))
+        merge_sinks(got, out_w, lse_w, q_sink, cache, index, scale=scale)
 
     want = []
     for q_req, k_all, v_all, ctx in step["raw"]:  # type: ignore[attr-defined]
@@ -202,8 +216,9 @@ def test_sink_pass_sees_only_sinks_that_left_the_window() -> None:
     assert isinstance(qsl, Tensor) and isinstance(seq_lens, Tensor) and isinstance(cache, Tensor)
     q_raw = step["q_raw"]
     assert isinstance(q_raw, Tensor)
-    req, pos = token_requests(qsl, seq_lens, q_raw.shape[0])
-    _, lse = sink_pass(q_raw, cache, step["table"], req, pos, window=8, sinks=4, scale=0.25)  # type: ignore[arg-type]
+    _, pos = token_requests(qsl, seq_lens, q_raw.shape[0])
+    index = sink_index(step, window=8, sinks=4, block_size=4)
+    _, lse = sink_pass(q_raw, cache, index, scale=0.25)
     inside = pos - 8 + 1 <= 0  # window starts at 0: every sink is a window key
     assert torch.isinf(lse[:, inside]).all() and (lse[:, inside] < 0).all()
     assert torch.isfinite(lse[:, ~inside]).all()

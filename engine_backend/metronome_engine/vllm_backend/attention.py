@@ -31,7 +31,17 @@ from torch import Tensor
 
 from .positions import in_cache_positions
 
-__all__ = ["Rotate", "WindowTiles", "sink_pass", "sink_window_attention", "token_requests", "write_kv"]
+__all__ = [
+    "Rotate",
+    "SinkIndex",
+    "WindowTiles",
+    "count_tiles",
+    "sink_pass",
+    "sink_window_attention",
+    "tile_rows",
+    "token_requests",
+    "write_kv",
+]
 
 # queries per tile: a chunk of c tokens is scored in ceil(c / TILE) tiles, each over its own
 # key span of W + TILE - 1 tokens, so a long prompt beside short chunks pads nothing but its last tile
@@ -90,38 +100,114 @@ def _attend(q: Tensor, keys: Tensor, values: Tensor, bias: Tensor | None, scale:
     return torch.matmul(probs.to(values.dtype), values), lse
 
 
-def sink_pass(
-    q_sink: Tensor,
-    kv_cache: Tensor,
-    block_table: Tensor,
-    token_req: Tensor,
-    token_pos: Tensor,
-    *,
-    window: int,
-    sinks: int,
-    scale: float,
-) -> tuple[Tensor, Tensor]:
+@dataclass(frozen=True, slots=True)
+class _Tiles:
+    """Tiles of up to ``qt`` consecutive query tokens of one request (padding rows repeat a tile's first)."""
+
+    req: Tensor  # [R] request of each tile
+    rows: Tensor  # [R, qt] token index of each tile row
+    qpos: Tensor  # [R, qt] stream index of each row
+    token_tile: Tensor  # [T] tile holding each token
+    token_slot: Tensor  # [T] its row in the tile
+
+
+def _tile(query_start_loc: Tensor, seq_lens: Tensor, *, num_tokens: int, qt: int, num_tiles: int | None) -> _Tiles:
+    """The step's tiles; ``num_tiles`` (from the host copy of the query offsets) spares a device sync."""
+    device = seq_lens.device
+    qsl = query_start_loc.long()
+    lens = seq_lens.long()
+    qlen = qsl[1:] - qsl[:-1]
+    ntiles = (qlen + qt - 1) // qt
+    first_tile = torch.cumsum(ntiles, 0) - ntiles
+    num_req = lens.shape[0]
+    tile_req = torch.repeat_interleave(torch.arange(num_req, device=device), ntiles, output_size=num_tiles)
+    k = torch.arange(tile_req.shape[0], device=device) - first_tile[tile_req]
+    start = qsl[tile_req] + k * qt
+    end = qsl[tile_req + 1]
+    rows = start[:, None] + torch.arange(qt, device=device)[None, :]
+    rows = torch.where(rows < end[:, None], rows, start[:, None])
+    qpos = (lens[tile_req] - end)[:, None] + rows
+    t = torch.arange(num_tokens, device=device)
+    req = torch.searchsorted(qsl[1:].contiguous(), t, right=True).clamp_(max=num_req - 1)
+    local = t - qsl[req]
+    return _Tiles(tile_req, rows, qpos, first_tile[req] + local // qt, local % qt)
+
+
+def tile_rows(max_query_len: int) -> int:
+    """Rows per tile in a step whose longest chunk is ``max_query_len`` tokens."""
+    return max(1, min(max_query_len, TILE))
+
+
+def count_tiles(query_start_loc_cpu: Tensor, max_query_len: int) -> int:
+    """How many tiles the step's requests fill, from the host copy of their query offsets."""
+    qt = tile_rows(max_query_len)
+    qlen = query_start_loc_cpu[1:] - query_start_loc_cpu[:-1]
+    return int(((qlen + qt - 1) // qt).sum())
+
+
+@dataclass(frozen=True, slots=True)
+class SinkIndex:
+    """Where the sink pass reads and writes: built once per step by the metadata builder, read by every layer.
+
+    The step's queries are grouped in tiles of up to ``qt`` consecutive tokens of one request
+    (a decode or a frame of a few tokens is one tile), so each tile reads its request's sinks
+    once, not once per token. ``bias`` lets row ``t`` see sink ``j`` once the sink has left its
+    window: ``j < p - W + 1``.
+    """
+
+    blocks: Tensor  # [R, ceil(S / block_size)] cache blocks holding each tile's sinks
+    query_rows: Tensor  # [R, qt] token index of each tile row (padding rows repeat the tile's first)
+    bias: Tensor  # [R, 1, qt, S] float32: 0 where the row sees the sink, else -inf
+    token_tile: Tensor  # [T] tile holding each token
+    token_slot: Tensor  # [T] its row in the tile
+    sinks: int
+
+    @classmethod
+    def build(
+        cls,
+        query_start_loc: Tensor,
+        seq_lens: Tensor,
+        block_table: Tensor,
+        *,
+        num_tokens: int,
+        max_query_len: int,
+        block_size: int,
+        window: int,
+        sinks: int,
+        num_tiles: int | None = None,
+    ) -> SinkIndex:
+        if sinks < 1:
+            raise ValueError(f"a sink index needs sinks >= 1, got {sinks}")
+        qt = tile_rows(max_query_len)
+        tiles = _tile(query_start_loc, seq_lens, num_tokens=num_tokens, qt=qt, num_tiles=num_tiles)
+        device = block_table.device
+        blocks = block_table[:, : -(-sinks // block_size)][tiles.req].long()
+        left = torch.arange(sinks, device=device)[None, None, :] < (tiles.qpos - window + 1)[:, :, None]
+        bias = torch.zeros(left.shape, dtype=torch.float32, device=device).masked_fill_(~left, float("-inf"))
+        return cls(blocks, tiles.rows, bias[:, None], tiles.token_tile, tiles.token_slot, sinks)
+
+
+def sink_pass(q_sink: Tensor, kv_cache: Tensor, index: SinkIndex, *, scale: float) -> tuple[Tensor, Tensor]:
     """Attention of each query (rotated at its in-cache position) over the sinks left out of its window.
 
     ``q_sink [T, H, d]``; returns output ``[T, H, dv]`` (``q_sink``'s dtype) and float32 lse ``[H, T]``
-    (vLLM's merge layout).
-    Reads only the first ``ceil(S / block_size)`` blocks of each request.
+    (vLLM's merge layout). Reads only the first ``ceil(S / block_size)`` blocks of each tile's request.
     """
     num_tokens, num_heads, head_size = q_sink.shape
-    _, kv_heads, block_size, _ = kv_cache.shape
+    kv_heads = kv_cache.shape[1]
     group = num_heads // kv_heads
-    sink_blocks = block_table[:, : -(-sinks // block_size)].long()
-    kv = _gather_blocks(kv_cache, sink_blocks)[:, :, :sinks]  # [R, kvh, S, C]
-    # a handful of keys per query: score in float32 whatever the cache holds (the merge wants a float32 lse)
-    kv = kv[token_req].float()  # [T, kvh, S, C]
+    rows, qt = index.query_rows.shape
+    # a handful of keys per tile: score in float32 whatever the cache holds (the merge wants a float32 lse)
+    kv = _gather_blocks(kv_cache, index.blocks)[:, :, : index.sinks].float()  # [R, kvh, S, C]
     keys, values = kv[..., :head_size], kv[..., head_size:]
-    q = q_sink.float().reshape(num_tokens, kv_heads, group, head_size)
-    # sink j is read here only once it has left the query's window: j < p - W + 1
-    left = torch.arange(sinks, device=q.device)[None, :] < (token_pos - window + 1)[:, None]
-    bias = torch.zeros(left.shape, dtype=q.dtype, device=q.device).masked_fill_(~left, float("-inf"))
-    out, lse = _attend(q, keys, values, bias[:, None, None, :], scale)
-    out = out.reshape(num_tokens, num_heads, -1).to(q_sink.dtype)
-    return out, lse.reshape(num_tokens, num_heads).t().contiguous()
+    # query head h reads kv head h // group: [R, qt, kvh, g, d] -> [R, kvh, qt * g, d]
+    q = q_sink[index.query_rows].float().view(rows, qt, kv_heads, group, head_size)
+    q = q.permute(0, 2, 1, 3, 4).reshape(rows, kv_heads, qt * group, head_size)
+    bias = index.bias[:, :, :, None, :].expand(-1, -1, -1, group, -1).reshape(rows, 1, qt * group, index.sinks)
+    out, lse = _attend(q, keys, values, bias, scale)
+    out = out.view(rows, kv_heads, qt, group, -1).permute(0, 2, 1, 3, 4)[index.token_tile, index.token_slot]
+    lse = lse.view(rows, kv_heads, qt, group).permute(0, 2, 1, 3)[index.token_tile, index.token_slot]
+    return out.reshape(num_tokens, num_heads, -1).to(q_sink.dtype), lse.reshape(num_tokens, num_heads).t().contiguous()
 
 
 @dataclass(frozen=True, slots=True)
@@ -164,20 +250,9 @@ class WindowTiles:
         dtype: torch.dtype,
     ) -> WindowTiles:
         device = block_table.device
-        qsl = query_start_loc.long()
-        lens = seq_lens.long()
-        qt = max(1, min(max_query_len, TILE))
-        qlen = qsl[1:] - qsl[:-1]
-        ntiles = (qlen + qt - 1) // qt
-        first_tile = torch.cumsum(ntiles, 0) - ntiles
-        num_req = lens.shape[0]
-        tile_req = torch.repeat_interleave(torch.arange(num_req, device=device), ntiles)
-        k = torch.arange(tile_req.shape[0], device=device) - first_tile[tile_req]
-        start = qsl[tile_req] + k * qt
-        end = qsl[tile_req + 1]
-        rows = start[:, None] + torch.arange(qt, device=device)[None, :]
-        rows = torch.where(rows < end[:, None], rows, start[:, None])
-        qpos = (lens[tile_req] - end)[:, None] + rows  # [R, qt] stream index of each row
+        qt = tile_rows(max_query_len)
+        tiles = _tile(query_start_loc, seq_lens, num_tokens=num_tokens, qt=qt, num_tiles=None)
+        tile_req, rows, qpos = tiles.req, tiles.rows, tiles.qpos
         first_block = torch.clamp(qpos[:, 0] - window + 1, min=0) // block_size
         # the span p0-W+1 .. p0+qt-1 covers at most this many blocks, and never more than the longest context
         nblk = min(math.ceil((window + qt - 1) / block_size) + 1, math.ceil(max_seq_len / block_size))
@@ -200,16 +275,13 @@ class WindowTiles:
             delta = (qpos - at)[:, :, None].expand(-1, -1, sinks).reshape(-1)
         blocks = block_table[tile_req[:, None], idx].long()
         mask = torch.zeros(seen.shape, dtype=dtype, device=device).masked_fill_(~seen, float("-inf"))
-        t = torch.arange(num_tokens, device=device)
-        req = torch.searchsorted(qsl[1:].contiguous(), t, right=True).clamp_(max=num_req - 1)
-        local = t - qsl[req]
         return cls(
             blocks=blocks,
             query_rows=rows,
             delta=delta,
             mask=mask[:, None],
-            token_tile=first_tile[req] + local // qt,
-            token_slot=local % qt,
+            token_tile=tiles.token_tile,
+            token_slot=tiles.token_slot,
             qt=qt,
             sinks=sinks,
         )

@@ -15,9 +15,12 @@ so vLLM's compilation and CUDA graphs treat them as it treats its own; the op ca
 - ``SinkWindowFlashBackend`` (CUDA): the window part is FlashAttention's paged varlen kernel
   with ``window_size=(W-1, 0)`` and ``return_softmax_lse=True``, then the sink part
   (``attention.sink_pass``, with the query rotated at its in-cache position) merged with
-  vLLM's ``merge_attn_states``; FlashAttention's own metadata builder (and its CUDA-graph
-  support) is reused unchanged. Written against vLLM 0.32's API; not yet run on a GPU
-  (``scripts/gpu_check.sh`` runs it).
+  vLLM's ``merge_attn_states``. FlashAttention's metadata builder, extended with the sink
+  pass's index (``attention.SinkIndex``, built once per step for every layer); its shapes
+  follow the batch, so attention runs between vLLM's CUDA graphs (piecewise capture), not
+  inside full ones. Written against vLLM 0.32's API; untested: no GPU has run it
+  (``scripts/gpu_check.sh`` is the first-contact check). Its Python (``flash_forward``) runs
+  on CPU in the tests, with torch stand-ins for the CUDA kernels.
 
 For the Flash backend the query comes packed (``packs_sink_query``): ``[T, 2 * H, d]`` holds
 the query rotated at its stream index (heads ``:H``) and at its in-cache position (heads
@@ -27,11 +30,13 @@ the query rotated at its stream index (heads ``:H``) and at its in-cache positio
 from __future__ import annotations
 
 from abc import abstractmethod
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from typing import Any, ClassVar, Generic, TypeVar
 
 import torch
 from torch import Tensor
+from vllm.utils.torch_utils import canonicalize_singleton_dim_strides
 from vllm.v1.attention.backend import (
     AttentionBackend,
     AttentionCGSupport,
@@ -42,7 +47,8 @@ from vllm.v1.attention.backend import (
 )
 from vllm.v1.attention.ops.merge_attn_states import merge_attn_states
 
-from .attention import Rotate, WindowTiles, sink_pass, sink_window_attention, token_requests, write_kv
+from .attention import Rotate, SinkIndex, WindowTiles, count_tiles, sink_pass, sink_window_attention, write_kv
+from .checks import check_kv_cache_dtype
 
 __all__ = ["SinkWindowFlashBackend", "SinkWindowTorchBackend"]
 
@@ -58,26 +64,102 @@ def split_query(query: Tensor, num_tokens: int, num_heads: int, sinks: int) -> t
     return packed[:num_tokens, :num_heads], packed[:num_tokens, num_heads:]
 
 
-def _merge_sinks(
-    output: Tensor, out_w: Tensor, lse_w: Tensor, q_sink: Tensor | None, kv_cache: Tensor, md: Any, impl: Any
+# ``merge_attn_states(output, prefix_output, prefix_lse, suffix_output, suffix_lse)``, vLLM's signature
+Merge = Callable[[Tensor, Tensor, Tensor, Tensor, Tensor], None]
+# FlashAttention's paged varlen kernel, called with ``flash_attn_varlen_func``'s keywords: ``(out, lse)``
+VarlenAttention = Callable[..., Any]
+
+
+def merge_sinks(
+    output: Tensor,
+    out_w: Tensor,
+    lse_w: Tensor,
+    q_sink: Tensor | None,
+    kv_cache: Tensor,
+    index: SinkIndex | None,
+    *,
+    scale: float,
+    merge: Merge = merge_attn_states,
 ) -> None:
     """Add the sink part to the window part (both already computed) by log-sum-exp; write ``output``."""
     n = out_w.shape[0]
     if q_sink is None:
         output[:n].copy_(out_w)
         return
-    token_req, token_pos = token_requests(md.query_start_loc, md.seq_lens, n)
-    out_s, lse_s = sink_pass(
-        q_sink,
-        kv_cache,
-        md.block_table,
-        token_req,
-        token_pos,
-        window=impl.window,
-        sinks=impl.sink_tokens,
-        scale=impl.scale,
+    if index is None:
+        raise ValueError("a sink query needs the step's SinkIndex (built by the metadata builder)")
+    out_s, lse_s = sink_pass(q_sink, kv_cache, index, scale=scale)
+    merge(output[:n], out_w, lse_w, out_s.to(out_w.dtype), lse_s)  # lse: float32 [H, T] both
+
+
+def sink_index_for(cm: CommonAttentionMetadata, *, block_size: int, window: int, sinks: int) -> SinkIndex | None:
+    """The step's sink index (``None`` without sinks), built once per step for every layer of a group."""
+    if not sinks:
+        return None
+    return SinkIndex.build(
+        cm.query_start_loc,
+        cm.seq_lens,
+        cm.block_table_tensor,
+        num_tokens=cm.num_actual_tokens,
+        max_query_len=cm.max_query_len,
+        block_size=block_size,
+        window=window,
+        sinks=sinks,
+        # the tile count from the host copy: no device sync in the builder
+        num_tiles=count_tiles(cm.query_start_loc_cpu, cm.max_query_len),
     )
-    merge_attn_states(output[:n], out_w, lse_w, out_s.to(out_w.dtype), lse_s)  # lse: float32 [H, T] both
+
+
+def flash_forward(
+    impl: Any,
+    layer: Any,
+    query: Tensor,
+    kv_cache: Tensor,
+    md: Any,
+    output: Tensor,
+    *,
+    varlen: VarlenAttention,
+    merge: Merge = merge_attn_states,
+) -> Tensor:
+    """``SinkWindowFlashImpl.forward``'s work: FlashAttention's window pass, the sink pass, their merge.
+
+    ``varlen`` and ``merge`` are FlashAttention's kernel and vLLM's merge on CUDA; a CPU test
+    passes torch equivalents, so the bookkeeping here runs without a GPU (the CUDA kernels
+    themselves are untested: no GPU has run them).
+    """
+    n = md.num_actual_tokens
+    q, q_sink = split_query(query, n, impl.num_heads, impl.sink_tokens)
+    # (B, H, N, 2*D) -> ((B, N, H, D), (B, N, H, D)): the view's strides carry the layout
+    key_cache, value_cache = kv_cache.transpose(1, 2).split(impl.head_size, dim=-1)  # type: ignore[no-untyped-call]
+    # one KV head per GPU (tensor parallel) leaves a size-1 head axis with any stride; FlashAttention's
+    # TMA path (FA3 on H100+) needs canonical ones: the fix vLLM's own forward applies after this transpose
+    key_cache = canonicalize_singleton_dim_strides(key_cache)
+    value_cache = canonicalize_singleton_dim_strides(value_cache)
+    out_w = torch.empty_like(output[:n])
+    descale = (md.query_start_loc.shape[0] - 1, impl.num_kv_heads)
+    _, lse_w = varlen(
+        q=q,
+        k=key_cache,
+        v=value_cache,
+        out=out_w,
+        cu_seqlens_q=md.query_start_loc,
+        max_seqlen_q=md.max_query_len,
+        seqused_k=md.seq_lens,
+        max_seqlen_k=md.max_seq_len,
+        softmax_scale=impl.scale,
+        causal=True,
+        window_size=list(impl.sliding_window),
+        block_table=md.block_table,
+        softcap=impl.logits_soft_cap,
+        return_softmax_lse=True,
+        scheduler_metadata=md.scheduler_metadata,
+        fa_version=impl.vllm_flash_attn_version,
+        k_descale=layer._k_scale.expand(descale),
+        v_descale=layer._v_scale.expand(descale),
+        num_splits=md.max_num_splits,
+    )
+    merge_sinks(output, out_w, lse_w, q_sink, kv_cache, md.sink_index, scale=impl.scale, merge=merge)
+    return output
 
 
 # the torch backend (CPU, or any device) ---------------------------------------------------------
@@ -156,6 +238,7 @@ class SinkWindowImpl(AttentionImpl[M], Generic[M]):  # type: ignore[misc]
             raise ValueError("the sinks + window attention needs a window")
         if alibi_slopes is not None or logits_soft_cap or kv_sharing_target_layer_name is not None:
             raise ValueError("the sinks + window attention supports no alibi, soft cap or KV sharing")
+        check_kv_cache_dtype(kv_cache_dtype)
         self.num_heads = num_heads
         self.head_size = head_size
         self.scale = float(scale)
@@ -231,17 +314,56 @@ class SinkWindowTorchBackend(AttentionBackend):  # type: ignore[misc]
 
 
 def _flash_backend() -> type[AttentionBackend]:
-    """Built on first use: vLLM's FlashAttention module imports CUDA-only kernels."""
-    from vllm.v1.attention.backends.fa_utils import flash_attn_varlen_func
-    from vllm.v1.attention.backends.flash_attn import FlashAttentionBackend, FlashAttentionImpl
+    """Built on first use: vLLM's FlashAttention kernels exist on CUDA only (the classes import anywhere)."""
+    from vllm.v1.attention.backends import fa_utils
+    from vllm.v1.attention.backends.flash_attn import (
+        FlashAttentionBackend,
+        FlashAttentionImpl,
+        FlashAttentionMetadata,
+        FlashAttentionMetadataBuilder,
+    )
+
+    @dataclass
+    class SinkWindowFlashMetadata(FlashAttentionMetadata):  # type: ignore[misc]
+        sink_index: SinkIndex | None = None  # the sink pass's index work, once per step for every layer
+
+    class SinkWindowFlashBuilder(FlashAttentionMetadataBuilder):  # type: ignore[misc]
+        # the sink index's shapes follow the batch (its tiles), so a full CUDA graph would replay stale
+        # tensors: attention runs between the graphs (vLLM falls back to piecewise capture)
+        _cudagraph_support: ClassVar[AttentionCGSupport] = AttentionCGSupport.NEVER
+        supports_update_block_table: bool = False  # the sink index holds block ids read from the table
+        metadata_cls: ClassVar[type[SinkWindowFlashMetadata]] = SinkWindowFlashMetadata
+
+        def __init__(self, kv_cache_spec: Any, layer_names: list[str], vllm_config: Any, device: Any) -> None:
+            super().__init__(kv_cache_spec, layer_names, vllm_config, device)
+            self.window = int(kv_cache_spec.window)
+            self.sinks = int(kv_cache_spec.sinks)
+
+        @classmethod
+        def get_cudagraph_support(cls, vllm_config: Any, kv_cache_spec: Any) -> AttentionCGSupport:
+            return cls._cudagraph_support
+
+        def build(
+            self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata, fast_build: bool = False
+        ) -> SinkWindowFlashMetadata:
+            md = super().build(common_prefix_len, common_attn_metadata, fast_build)
+            index = sink_index_for(
+                common_attn_metadata, block_size=self.block_size, window=self.window, sinks=self.sinks
+            )
+            return self.metadata_cls(**{f.name: getattr(md, f.name) for f in fields(md)}, sink_index=index)
 
     class SinkWindowFlashImpl(FlashAttentionImpl):  # type: ignore[misc]
         def __init__(self, *args: Any, sink_tokens: int = 0, **kwargs: Any) -> None:
+            # before FlashAttention's own checks: its message would not say the sinks are the reason
+            check_kv_cache_dtype(str(kwargs.get("kv_cache_dtype", args[6] if len(args) > 6 else "auto")))
             super().__init__(*args, **kwargs)
             if self.sliding_window[0] < 0:
                 raise ValueError("the sinks + window attention needs a window")
             self.window = self.sliding_window[0] + 1
             self.sink_tokens = int(sink_tokens)
+            # the CUDA kernels (vLLM has no FlashAttention where it has no CUDA); the CPU tests set torch stand-ins
+            self.varlen: VarlenAttention | None = getattr(fa_utils, "flash_attn_varlen_func", None)
+            self.merge: Merge = merge_attn_states
 
         def forward(
             self,
@@ -259,40 +381,15 @@ def _flash_backend() -> type[AttentionBackend]:
                 raise NotImplementedError("fused output quantization is not supported by the sinks + window attention")
             if attn_metadata is None:
                 return output.fill_(0)
-            md = attn_metadata
-            n = md.num_actual_tokens
-            q, q_sink = split_query(query, n, self.num_heads, self.sink_tokens)
-            # (B, H, N, 2*D) -> ((B, N, H, D), (B, N, H, D)): the view's strides carry the layout
-            key_cache, value_cache = kv_cache.transpose(1, 2).split(self.head_size, dim=-1)  # type: ignore[no-untyped-call]
-            out_w = torch.empty_like(output[:n])
-            descale = (md.query_start_loc.shape[0] - 1, self.num_kv_heads)
-            _, lse_w = flash_attn_varlen_func(
-                q=q,
-                k=key_cache,
-                v=value_cache,
-                out=out_w,
-                cu_seqlens_q=md.query_start_loc,
-                max_seqlen_q=md.max_query_len,
-                seqused_k=md.seq_lens,
-                max_seqlen_k=md.max_seq_len,
-                softmax_scale=self.scale,
-                causal=True,
-                window_size=list(self.sliding_window),
-                block_table=md.block_table,
-                softcap=self.logits_soft_cap,
-                return_softmax_lse=True,
-                scheduler_metadata=md.scheduler_metadata,
-                fa_version=self.vllm_flash_attn_version,
-                k_descale=layer._k_scale.expand(descale),
-                v_descale=layer._v_scale.expand(descale),
-                num_splits=md.max_num_splits,
+            if self.varlen is None:
+                raise RuntimeError("the sinks + window FlashAttention backend runs on CUDA only")
+            return flash_forward(
+                self, layer, query, kv_cache, attn_metadata, output, varlen=self.varlen, merge=self.merge
             )
-            _merge_sinks(output, out_w, lse_w, q_sink, kv_cache, md, self)
-            return output
 
     class SinkWindowFlashBackend(FlashAttentionBackend):  # type: ignore[misc]
         packs_sink_query: ClassVar[bool] = True  # the sink pass wants the query at its in-cache position
-        # the sink pass reads the cache as values: no fp8 scales applied there
+        # the sink pass reads the cache as values: no fp8 scales applied there (checks.py)
         supported_kv_cache_dtypes: ClassVar[list[Any]] = ["auto", "float16", "bfloat16"]
 
         @staticmethod
@@ -302,6 +399,10 @@ def _flash_backend() -> type[AttentionBackend]:
         @staticmethod
         def get_impl_cls() -> type[SinkWindowFlashImpl]:
             return SinkWindowFlashImpl
+
+        @staticmethod
+        def get_builder_cls() -> type[SinkWindowFlashBuilder]:
+            return SinkWindowFlashBuilder
 
     return SinkWindowFlashBackend
 

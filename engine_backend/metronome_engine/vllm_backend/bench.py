@@ -201,7 +201,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window", type=int, default=256)
     parser.add_argument("--sinks", type=int, default=4)
     parser.add_argument("--block-size", type=int, default=32)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--dtype", default=None, help="default: the engine's (bfloat16 on CUDA, float32 elsewhere)")
     parser.add_argument("--load-format", default="auto", help="'dummy': random weights from a config.json folder")
     parser.add_argument("--baseline-ref", default=BEFORE, help="git ref of today's backend; '' to skip it")
     parser.add_argument("--json", action="store_true")
@@ -244,7 +244,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         print(
             f"{args.frame}-token frames, contexts {args.prompt}-{context} tokens, "
-            f"W={args.window} S={args.sinks}, {args.model} {args.dtype}"
+            f"W={args.window} S={args.sinks}, {args.model} {args.dtype or 'default dtype'}"
         )
         print(f"{'sessions':>8} {'config':<28} {'p50 ms/tick':>12} {'p90 ms/tick':>12} {'x vllm full':>12}")
         for r in rows:

@@ -10,8 +10,9 @@ attention module two submodules are swapped:
   backend (``attn_backend.py``), which also gets the model's RoPE: on CPU it relocates the
   sinks with it and runs one fused pass;
 - ``rotary_emb`` for ``SinkWindowRope``, which rotates as the model's own does or, for a
-  backend that scores the sinks in a pass of their own (CUDA's FlashAttention one), also
-  returns the query rotated at its in-cache position, packed as one ``[T, 2 * H * d]`` tensor.
+  backend that scores the sinks in a pass of their own (CUDA's FlashAttention one, untested:
+  no GPU has run it), also returns the query rotated at its in-cache position, packed as one
+  ``[T, 2 * H * d]`` tensor.
 
 The attention modules' own ``forward`` (q/k/v bias, Qwen3's q/k norm, ...) runs unchanged
 between the two. Enabled by ``hf_overrides`` naming ``sink_window_arch(arch)`` with
