@@ -44,6 +44,10 @@ ALLOWED = {
     # owned by other work in progress (benchmarks leave the SDK; WebRTC), not rewritten here
     ("bench/test_anchors.py", "anchor._worker"): "the vLLM anchor's subprocess driver, stood in for",
     ("webrtc/test_security.py", "server._runner"): "the addresses the signaling server bound",
+    ("serve/test_realtime.py", "transport._tg"): "the Realtime transport driven without its run() loop",
+    ("serve/test_realtime.py", "transport._observe_turn"): "its turn observer, called as run() would",
+    ("serve/test_realtime.py", "transport._mic_in"): "the microphone stream run() closes at the end",
+    ("serve/test_realtime.py", "transport._mic_out"): "the microphone stream run() closes at the end",
     ("webrtc/test_transport_faults.py", "track._take"): "what the reply track's queue hands out next",
 }
 
