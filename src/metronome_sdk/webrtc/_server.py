@@ -195,6 +195,10 @@ class WebRTCServer:
     def peers(self) -> int:
         return len(self._peers)
 
+    @property
+    def _callers(self) -> int:
+        return sum(not peer.gone for peer in self._peers)
+
     async def aclose(self) -> None:
         """Tell every peer the server is going, close their connections and sessions, stop listening."""
         await self._on_shutdown(self.app)
@@ -307,8 +311,8 @@ class WebRTCServer:
         if isinstance(offer, web.Response):
             return offer
         if self.voice_admission is not None:
-            try:  # the callers already open, this one not counted
-                self.voice_admission.admit(len(self._peers) + self._opening - 1)
+            try:  # the callers still on the line (one hanging up is not), this one not counted
+                self.voice_admission.admit(self._callers + self._opening - 1)
             except AdmissionRejected as exc:
                 return _refuse(503, "voice_objective", str(exc), _retry_after(exc.retry_after))
         try:
@@ -381,7 +385,7 @@ class WebRTCServer:
             self.voice_admission.observe(
                 voice_to_voice=latency.voice_to_voice,
                 speech=latency.transcribe + latency.synthesize,
-                callers=len(self._peers),
+                callers=max(1, self._callers),
             )
 
     async def _release(self, peer: WebRTCPeer, session: Session) -> None:
