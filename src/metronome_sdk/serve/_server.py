@@ -46,7 +46,7 @@ from .._log import get_logger
 from .._session import Session
 from ..integrations._conversation import Conversation, ReplyPiece, new_turns, split_system
 from ..integrations._errors import ErrorMapping, error_mapping, retry_after_seconds
-from ..voice._admission import VoiceAdmission, speech_work
+from ..voice._admission import VoiceAdmission
 from ..voice._agent import TurnLatency
 from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
@@ -206,18 +206,13 @@ class ChatServer:
 
     def _probe_voice(self, admission: VoiceAdmission) -> None:
         assert self._stt is not None and self._tts is not None
-        transcribe, synthesize = speech_work(self._stt, self._tts)
-        pause = (self._vad or default_turn_detector)().end_silence
-        admission.calibrate(work=transcribe + synthesize, rest=pause + 4 * self.engine.timing.period)
+        rest = (self._vad or default_turn_detector)().end_silence + 4 * self.engine.timing.period
+        transcribe, synthesize = admission.probe(self._stt, self._tts, rest=rest)
         self._log.info("serve.voice_probe", transcribe=round(transcribe, 3), synthesize=round(synthesize, 3))
 
     def _observe(self, latency: TurnLatency) -> None:
         if self.voice_admission is not None:
-            self.voice_admission.observe(
-                voice_to_voice=latency.voice_to_voice,
-                speech=latency.transcribe + latency.synthesize,
-                callers=max(1, self._realtime_calls),
-            )
+            self.voice_admission.observe_turn(latency, callers=max(1, self._realtime_calls))
 
     async def _reap(self) -> None:
         period = min(max(self.config.idle_timeout / 4, 0.05), 30.0)

@@ -26,15 +26,21 @@ answers one caller at its best, and says so in its log and ``stats``.
 from __future__ import annotations
 
 import math
+import statistics
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .._audio import pcm16, resample
+from .._core.admission import percentile
 from .._exceptions import AdmissionRejected
 from .._log import get_logger
 from ._protocols import SpeechToText, TextToSpeech
+
+if TYPE_CHECKING:
+    from ._agent import TurnLatency
 
 __all__ = ["DEFAULT_OBJECTIVE", "VoiceAdmission", "VoiceTurn", "speech_work"]
 
@@ -104,6 +110,19 @@ class VoiceAdmission:
         with self._lock:
             self._turns.append(VoiceTurn(voice_to_voice, speech, callers, time.monotonic()))
 
+    def observe_turn(self, latency: TurnLatency, *, callers: int) -> None:
+        """``observe`` one answered turn's ``TurnLatency`` (the agent's ``on_latency``)."""
+        self.observe(
+            voice_to_voice=latency.voice_to_voice, speech=latency.transcribe + latency.synthesize, callers=callers
+        )
+
+    def probe(self, stt: SpeechToText, tts: TextToSpeech, *, rest: float) -> tuple[float, float]:
+        """``calibrate`` from ``speech_work`` timed now (call it on the idle machine), with
+        ``rest`` as the prior for the rest; the seconds to transcribe and to synthesize."""
+        transcribe, synthesize = speech_work(stt, tts)
+        self.calibrate(work=transcribe + synthesize, rest=rest)
+        return transcribe, synthesize
+
     def _recent(self) -> list[VoiceTurn]:
         since = time.monotonic() - self.horizon
         return [t for t in self._turns if t.at >= since]
@@ -112,10 +131,10 @@ class VoiceAdmission:
         """(work, rest, p95 of the recent turns), each None where nothing says yet."""
         recent = self._recent()
         alone = [t.speech for t in recent if t.callers == 1]
-        work = _median(alone) if alone else self._probe_work
+        work = statistics.median(alone) if alone else self._probe_work
         rests = [max(0.0, t.voice_to_voice - t.speech) for t in recent]
-        rest = _p95(rests) if rests else self._probe_rest
-        observed = _p95([t.voice_to_voice for t in recent]) if recent else None
+        rest = percentile(rests, 0.95) if rests else self._probe_rest
+        observed = percentile((t.voice_to_voice for t in recent), 0.95) if recent else None
         return work, rest, observed
 
     def predict(self, callers: int) -> float | None:
@@ -193,14 +212,3 @@ def speech_work(
     heard = time.perf_counter()
     tts.synthesize(clause)
     return heard - started, time.perf_counter() - heard
-
-
-def _median(values: list[float]) -> float:
-    s = sorted(values)
-    mid = len(s) // 2
-    return s[mid] if len(s) % 2 else (s[mid - 1] + s[mid]) / 2
-
-
-def _p95(values: list[float]) -> float:
-    s = sorted(values)
-    return s[min(len(s) - 1, math.ceil(0.95 * len(s)) - 1)]

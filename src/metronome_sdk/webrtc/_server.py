@@ -28,7 +28,7 @@ from .._exceptions import AdmissionRejected, EngineClosed, MetronomeError, Overl
 from .._log import get_logger
 from .._session import Session
 from ..transports._base import Transport
-from ..voice._admission import VoiceAdmission, speech_work
+from ..voice._admission import VoiceAdmission
 from ..voice._agent import TurnLatency, VoiceAgent, error_event
 from ..voice._default import load_voice
 from ..voice._piper import PiperTTS
@@ -181,9 +181,9 @@ class WebRTCServer:
 
     def _probe_voice(self, admission: VoiceAdmission) -> None:
         assert self._stt is not None and self._tts is not None
-        transcribe, synthesize = speech_work(self._stt, self._tts)
         # the rest's prior: the turn detector's pause and a few ticks of the engine, until turns say
-        admission.calibrate(work=transcribe + synthesize, rest=self._vad().end_silence + 4 * self.engine.timing.period)
+        rest = self._vad().end_silence + 4 * self.engine.timing.period
+        transcribe, synthesize = admission.probe(self._stt, self._tts, rest=rest)
         self._log.info("webrtc.voice_probe", transcribe=round(transcribe, 3), synthesize=round(synthesize, 3))
 
     @property
@@ -382,11 +382,7 @@ class WebRTCServer:
 
     def _observe(self, latency: TurnLatency) -> None:
         if self.voice_admission is not None:
-            self.voice_admission.observe(
-                voice_to_voice=latency.voice_to_voice,
-                speech=latency.transcribe + latency.synthesize,
-                callers=max(1, self._callers),
-            )
+            self.voice_admission.observe_turn(latency, callers=max(1, self._callers))
 
     async def _release(self, peer: WebRTCPeer, session: Session) -> None:
         await peer.aclose()
