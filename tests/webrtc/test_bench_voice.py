@@ -54,3 +54,14 @@ async def test_a_caller_the_server_refuses_is_counted_with_its_retry_after(tiny_
     s = summarize(2, results, refused)
     assert s["admitted"] == 1 and s["refused"] == refused
     assert s["refused_within_s"] is not None and 0 < s["refused_within_s"] < 20
+
+
+def test_held_within_the_objective_counts_rounds_all_admitted_and_within_it() -> None:
+    from metronome_sdk.commands.bench_voice import _held
+
+    rounds = [
+        {"callers": 1, "admitted": 1, "p95": 1.4},
+        {"callers": 2, "admitted": 2, "p95": 1.6},
+        {"callers": 4, "admitted": 1, "p95": 1.0},  # only one admitted: not held at four
+    ]
+    assert (_held(rounds, 1.5), _held(rounds, 2.0), _held(rounds, 1.0), _held(rounds, None)) == (1, 2, 0, None)

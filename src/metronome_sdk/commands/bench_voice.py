@@ -154,8 +154,8 @@ def _held(rounds: list[dict[str, Any]], objective: float | None) -> int | None:
     """The most callers at once of which every one was admitted and the p95 stayed within the objective."""
     if objective is None:
         return None
-    fits = [r["callers"] for r in rounds if r["admitted"] == r["callers"] and r["p95"] is not None]
-    return max((n for n in fits if next(r for r in rounds if r["callers"] == n)["p95"] <= objective), default=0)
+    held = (r for r in rounds if r["admitted"] == r["callers"] and r["p95"] is not None and r["p95"] <= objective)
+    return max((r["callers"] for r in held), default=0)
 
 
 def _run(args: argparse.Namespace) -> int:

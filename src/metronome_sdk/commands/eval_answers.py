@@ -48,9 +48,10 @@ def _run(args: argparse.Namespace) -> int:
     with progress_bar(len(prompts) * len(questions), "questions answered") as bar:
         bar.unit = "answer"
         scores = anyio.run(lambda: ask(prompts, questions, max_tokens=args.max_tokens, on_answer=lambda: bar.update(1)))
+    texts = {name: {q.text for q in qs} for name, qs in sets.items()}
     by_set = {
-        name: [PromptScore(s.prompt, tuple(a for a in s.answers if a.question in {q.text for q in qs})) for s in scores]
-        for name, qs in sets.items()
+        name: [PromptScore(s.prompt, tuple(a for a in s.answers if a.question in texts[name])) for s in scores]
+        for name in sets
     }
     if args.json:
         emit_json(
