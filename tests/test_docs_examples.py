@@ -43,7 +43,7 @@ FRAGMENT = re.compile(r"^```py\n(.*?)^```", re.S | re.M)
 INCLUDE = re.compile(r'^--8<-- "([^"]+)"\n$')
 YAML = re.compile(r"^```yaml\n(.*?)^```", re.S | re.M)
 # not metrics: metronome_session (a request field), metronome_x86_64_v3 (a kernel build's op namespace)
-METRIC = re.compile(r"\b(metronome_(?!sdk\b|engine\b|session\b|x86_64_v\d\b|generic\b)[a-z_]+)")
+METRIC = re.compile(r"\b(metronome_(?!sdk\b|engine\b|bench\b|session\b|x86_64_v\d\b|generic\b)[a-z_]+)")
 
 
 # needs vLLM, absent from the main venv: tests/vllm/test_docs_example.py runs it under `make test-vllm`

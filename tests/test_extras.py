@@ -52,15 +52,29 @@ def test_metronome_demo_without_its_extra_says_so_in_one_line() -> None:
     assert "[webrtc] extra" in out.stderr
 
 
-def test_a_benchmark_without_its_extra_stops_before_the_run() -> None:
+def test_bench_without_metronome_bench_names_the_package() -> None:
+    # the benchmarks are their own distribution: without it, `metronome bench` says what to install
     code = (
-        "import sys; sys.modules['matplotlib'] = None\n"
+        "import sys; sys.modules['metronome_bench'] = None\n"
         "from metronome_sdk.cli import main\n"
         "raise SystemExit(main(['bench', 'sweep', '--quick']))"
     )
     out = run(code)
     assert out.returncode == 2, out.stderr
-    assert "needs the [bench] extra: pip install 'metronome-sdk[bench]'" in out.stderr
+    assert out.stderr.startswith("metronome: error: metronome bench comes with the metronome-bench package")
+    assert "pip install metronome-bench" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_the_sdk_commands_run_without_metronome_bench() -> None:
+    code = (
+        "import sys; sys.modules['metronome_bench'] = None\n"
+        "from metronome_sdk.cli import build_parser\n"
+        "args = build_parser().parse_args(['demo', '--no-early-transcribe'])\n"
+        "print(args.run.__module__)"
+    )
+    out = run(code)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "metronome_sdk.commands.demo"
 
 
 def test_resampling_without_pyav_names_the_extra() -> None:

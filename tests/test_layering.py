@@ -4,8 +4,8 @@
 - No two modules import each other, directly or round a longer circle: not at import time, and
   not through imports under ``TYPE_CHECKING`` or inside functions either (those run later and
   cannot fail the import, but a circle of them is still two modules that must change together).
-- Benchmarks and evaluations (``metronome_sdk.bench``, ``metronome_sdk.eval``) use the SDK's
-  public names only (``from metronome_sdk import ...``), not its private modules.
+- Benchmarks and evaluations (``metronome_bench``, their own distribution) use the SDK's and the
+  engine's public modules only, and neither the SDK nor the engine imports them.
 """
 
 from __future__ import annotations
@@ -17,22 +17,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = {
     "metronome_sdk": ROOT / "src" / "metronome_sdk",
     "metronome_engine": ROOT / "engine_backend" / "metronome_engine",
+    "metronome_bench": ROOT / "benchmarks" / "metronome_bench",
 }
 # circles known and owned elsewhere: each must go, and this test fails once one does (so it is removed here)
 KNOWN_CYCLES: set[tuple[str, ...]] = set()
 # the same, counting imports under TYPE_CHECKING and inside functions
 KNOWN_DEFERRED_CYCLES: set[tuple[str, ...]] = set()
-# private helpers the benchmarks still take from the SDK, each with its reason
-PRIVATE_ALLOWED = {
-    ("metronome_sdk.bench.cliff", "metronome_sdk._core.admission"),  # percentile(): the same estimator as admission's
-    ("metronome_sdk.bench.sweep", "metronome_sdk._core.admission"),
-    # the t_sat formula and growth estimator: a benchmark replays the engine's own, at other windows
-    ("metronome_sdk.bench.forecast", "metronome_sdk._core.growth"),
-    # importing a module of the tick loop's package runs the package too
-    ("metronome_sdk.bench.cliff", "metronome_sdk._core"),
-    ("metronome_sdk.bench.sweep", "metronome_sdk._core"),
-    ("metronome_sdk.bench.forecast", "metronome_sdk._core"),
-}
 
 
 def modules() -> dict[str, Path]:
@@ -149,16 +139,30 @@ def test_a_deferred_circle_is_seen(tmp_path: Path) -> None:
     assert circles({n: imports(n, p, known, import_time_only=True) for n, p in known.items()}) == set()
 
 
-def test_benchmarks_and_evaluations_use_the_public_sdk() -> None:
+def _private(module: str) -> bool:
+    return any(part.startswith("_") for part in module.split("."))
+
+
+def test_benchmarks_and_evaluations_use_public_modules_only() -> None:
     edges = graph(import_time_only=False)
     private = {
         (m, t)
         for m, targets in edges.items()
-        if m.startswith(("metronome_sdk.bench", "metronome_sdk.eval"))
+        if m.startswith("metronome_bench")
         for t in targets
-        if t.startswith("metronome_sdk._")
+        if t.startswith(("metronome_sdk", "metronome_engine")) and _private(t)
     }
-    assert private == PRIVATE_ALLOWED
+    assert private == set()
+
+
+def test_the_sdk_and_the_engine_never_import_the_benchmarks() -> None:
+    edges = graph(import_time_only=False)
+    wrong = {
+        m: sorted(t for t in targets if t.startswith("metronome_bench"))
+        for m, targets in edges.items()
+        if not m.startswith("metronome_bench")
+    }
+    assert {m: t for m, t in wrong.items() if t} == {}
 
 
 def test_the_graph_sees_the_imports_it_checks() -> None:
@@ -168,6 +172,7 @@ def test_the_graph_sees_the_imports_it_checks() -> None:
     assert "metronome_engine" in edges["metronome_sdk._engine"]
     assert "metronome_sdk._session" in edges["metronome_sdk._engine"]  # Engine.session() makes sessions
     assert "metronome_sdk._core.link" in edges["metronome_sdk._session"]
+    assert "metronome_sdk.estimators" in edges["metronome_bench.sweep"]
 
 
 def test_a_module_past_about_400_lines_says_why() -> None:

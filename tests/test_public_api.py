@@ -20,6 +20,7 @@ REFERENCE = ROOT / "docs" / "reference"
 # the packages applications import, and the reference page that documents each
 PACKAGES = {
     "metronome_sdk": "sdk.md",
+    "metronome_sdk.estimators": "sdk.md",
     "metronome_sdk.voice": "voice.md",
     "metronome_sdk.transports": "voice.md",
     "metronome_sdk.webrtc": "voice.md",

@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from metronome_sdk.bench import anchors as anchors_mod
-from metronome_sdk.bench.anchors import (
+from metronome_bench import anchors as anchors_mod
+from metronome_bench.anchors import (
     AnchorFailed,
     Anchors,
     LlamaBench,
@@ -25,7 +25,7 @@ from metronome_sdk.bench.anchors import (
     make_anchors,
     parse_batched_bench,
 )
-from metronome_sdk.bench.step import PrefillResult, StepResult
+from metronome_bench.step import PrefillResult, StepResult
 from metronome_sdk.cli import build_parser
 
 # llama-batched-bench's markdown output, as it printed it here (its settings line, then the table)
@@ -190,7 +190,7 @@ class _FakeWorker:
 def test_vllm_steps_open_the_engines_contexts_and_return_vllms_own_time(monkeypatch: pytest.MonkeyPatch) -> None:
     from metronome_engine.vllm_backend import bench
 
-    monkeypatch.setattr(bench, "_Worker", _FakeWorker)
+    monkeypatch.setattr(bench, "TickWorker", _FakeWorker)
     anchor = VLLMAnchor(Path("/venv/bin/python"), "smollm2-135m-instruct", max_batch=8, max_context=290)
     worker = anchor._worker
     assert isinstance(worker, _FakeWorker)
@@ -244,7 +244,7 @@ def test_the_anchor_flags_and_their_environment_defaults(monkeypatch: pytest.Mon
 
 
 def test_the_table_says_why_an_anchor_has_no_column(capsys: pytest.CaptureFixture[str]) -> None:
-    from metronome_sdk.commands.bench_step import _print_anchor_notes
+    from metronome_bench.commands.bench_step import _print_anchor_notes
 
     _print_anchor_notes(Anchors(missing={"vllm-cpu": "no .venv-vllm/bin/python"}).as_dict())
     out = capsys.readouterr().out

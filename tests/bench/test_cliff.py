@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metronome_sdk.bench.cliff import CliffConfig, run_cliff, summarize
+from metronome_bench.cliff import CliffConfig, run_cliff, summarize
 
 
 def test_config_sizes_the_pool_for_the_window_at_its_bound() -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from metronome_sdk.bench.forecast import (
+from metronome_bench.forecast import (
     GaugePoint,
     alarm,
     gauge_series,
@@ -17,8 +17,8 @@ from metronome_sdk.bench.forecast import (
     score,
     summarize_scores,
 )
-from metronome_sdk.bench.traffic import Talk, TalkMix, talks
-from metronome_sdk.bench.workload import FrameLoad, SessionPlan
+from metronome_bench.traffic import Talk, TalkMix, talks
+from metronome_bench.workload import FrameLoad, SessionPlan
 from metronome_sdk.cli import main
 
 

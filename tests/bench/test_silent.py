@@ -6,9 +6,9 @@ import inspect
 
 import pytest
 
+from metronome_bench.silent import SILENCE, SilentBackend, is_silence
 from metronome_engine import EngineBackend, KVPolicy
 from metronome_sdk import AdmissionConfig, Engine, InputFrame, TickReport, TimingConfig
-from metronome_sdk.bench.silent import SILENCE, SilentBackend, is_silence
 from tests.engine.tiny import tiny_engine
 from tests.sdk.conftest import CharTokenizer
 

@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
+from metronome_bench.roofline import Roofline, RooflineProbe, decode_step_cost, measure_roofline
+from metronome_bench.step import contexts_for, interleaved_medians
 from metronome_engine import ModelConfig
-from metronome_sdk.bench.roofline import Roofline, RooflineProbe, decode_step_cost, measure_roofline
-from metronome_sdk.bench.step import contexts_for, interleaved_medians
 
 
 def test_steppers_take_their_steps_in_turn_after_one_warm_up_each() -> None:
@@ -127,8 +127,8 @@ def test_bench_step_on_the_torch_path_says_so() -> None:
 
 def test_bench_step_refuses_the_x86_64_v3_build_on_aarch64(monkeypatch: pytest.MonkeyPatch) -> None:
     # a clear error before anything is built or timed, not a compiler's or a quiet torch run
+    from metronome_bench.commands._common import select_isa
     from metronome_engine import kernels
-    from metronome_sdk.commands._bench_common import select_isa
 
     monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     monkeypatch.delenv(kernels.ISA_ENV, raising=False)

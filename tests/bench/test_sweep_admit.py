@@ -5,11 +5,11 @@ from __future__ import annotations
 import anyio
 import pytest
 
+from metronome_bench.admit import AdmitConfig, converged_cap, run_admit
+from metronome_bench.admit import summarize as summarize_admit
+from metronome_bench.sweep import SweepConfig, find_knee, n_sched, run_sweep, search_n_sched
+from metronome_bench.sweep import summarize as summarize_sweep
 from metronome_sdk import AdmissionConfig
-from metronome_sdk.bench.admit import AdmitConfig, converged_cap, run_admit
-from metronome_sdk.bench.admit import summarize as summarize_admit
-from metronome_sdk.bench.sweep import SweepConfig, find_knee, n_sched, run_sweep, search_n_sched
-from metronome_sdk.bench.sweep import summarize as summarize_sweep
 
 
 def test_n_sched_is_the_largest_n_whose_p99_meets_the_deadline() -> None:

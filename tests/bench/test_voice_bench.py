@@ -7,7 +7,8 @@ import argparse
 import numpy as np
 import pytest
 
-from metronome_sdk.bench.voice import (
+from metronome_bench.commands.bench_voice import parse_callers, parse_voices
+from metronome_bench.voice import (
     FRAME,
     LOUD,
     SpokenQuestion,
@@ -19,7 +20,6 @@ from metronome_sdk.bench.voice import (
     to_caller_rate,
 )
 from metronome_sdk.cli import build_parser
-from metronome_sdk.commands.bench_voice import parse_callers, parse_voices
 
 
 def test_callers_parse_and_refuse() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metronome_sdk.bench.workload import (
+from metronome_bench.workload import (
     FrameRecord,
     SessionPlan,
     StreamSpec,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from metronome_bench.eval.answers import PROMPTS, is_english, is_right
+from metronome_bench.eval.questions import HELD_OUT, QUESTIONS, Question
 from metronome_sdk.cli import build_parser
-from metronome_sdk.eval.answers import PROMPTS, is_english, is_right
-from metronome_sdk.eval.questions import HELD_OUT, QUESTIONS, Question
 from metronome_sdk.webrtc import DEFAULT_PROMPT
 
 PARIS = Question("What is the capital of France?", ("paris",))

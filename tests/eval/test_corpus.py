@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from metronome_sdk.eval.corpus import iter_docstrings, stdlib_corpus
+from metronome_bench.eval.corpus import iter_docstrings, stdlib_corpus
 
 LONG = "x" * 90
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from metronome_bench.eval.dialog import SECRET_WORDS, DialogAnswer, run_dialog, turn_messages
+from metronome_bench.eval.generation import free_run
 from metronome_engine import KVPolicy, SamplingParams
-from metronome_sdk.eval.dialog import SECRET_WORDS, DialogAnswer, run_dialog, turn_messages
-from metronome_sdk.eval.generation import free_run
 from tests.engine.tiny import tiny_hf, tiny_runner
 
 from .fakes import STOP, CharTokenizer

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
-import metronome_sdk.commands.eval_memory as eval_memory
+import metronome_bench.commands.eval_memory as eval_memory
+from metronome_bench.eval.memory import FACTS, POLICIES, build_script, run_memory_eval
 from metronome_sdk.cli import main
-from metronome_sdk.eval.memory import FACTS, POLICIES, build_script, run_memory_eval
 from tests.engine.tiny import tiny_hf, tiny_runner
 
 from .fakes import CharTokenizer

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from metronome_sdk.eval.oracle import recompute_nll
+from metronome_bench.eval.oracle import recompute_nll
 from tests.engine.tiny import VOCAB, tiny_hf, tiny_runner
 
 

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-import metronome_sdk.commands.eval_quality as eval_quality
+import metronome_bench.commands.eval_quality as eval_quality
+from metronome_bench.eval.outputs import write_outputs
+from metronome_bench.eval.quality import QualityConfig, full_policy, run_quality
 from metronome_engine import KVPolicy
 from metronome_sdk.cli import main
-from metronome_sdk.eval.outputs import write_outputs
-from metronome_sdk.eval.quality import QualityConfig, full_policy, run_quality
 from tests.engine.tiny import tiny_hf, tiny_runner
 
 from .fakes import CharTokenizer

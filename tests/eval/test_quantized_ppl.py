@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import pytest
 
+from metronome_bench.eval.corpus import stdlib_corpus
+from metronome_bench.eval.perplexity import streaming_nll
 from metronome_engine import EngineCore, KVPolicy
 from metronome_engine.engine import Kernels
 from metronome_engine.quant import Quantize
 from metronome_engine.tokenizer import Tokenizer
 from metronome_engine.weights import DEFAULT_MODEL, load_model, resolve_model_dir
-from metronome_sdk.eval.corpus import stdlib_corpus
-from metronome_sdk.eval.perplexity import streaming_nll
 
 pytestmark = [pytest.mark.slow, pytest.mark.real_model]
 

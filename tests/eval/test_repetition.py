@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from metronome_sdk.eval.repetition import distinct_n, repeated_ngram_fraction
+from metronome_bench.eval.repetition import distinct_n, repeated_ngram_fraction
 
 
 def test_repeated_4grams_and_distinct_2_on_known_strings() -> None:

@@ -5,8 +5,8 @@ import math
 
 import pytest
 
-from metronome_sdk.eval.perplexity import PerplexityResult
-from metronome_sdk.eval.slicing import oracle_positions, ppl_at, slice_bounds
+from metronome_bench.eval.perplexity import PerplexityResult
+from metronome_bench.eval.slicing import oracle_positions, ppl_at, slice_bounds
 
 
 def test_slices_are_equal_consecutive_and_match_perplexity_result() -> None:

@@ -6,9 +6,9 @@ import json
 
 import pytest
 
+from metronome_bench.eval.voice import PROMPTS, measure, normalize, word_errors
 from metronome_sdk.cli import main
 from metronome_sdk.voice import EspeakTTS, PiperTTS, WhisperSTT
-from metronome_sdk.voice._accuracy import PROMPTS, measure, normalize, word_errors
 
 pytestmark = pytest.mark.timeout(300)
 

@@ -11,11 +11,11 @@ import numpy as np
 import numpy.typing as npt
 import pytest
 
+from metronome_bench.eval.turns import Policy, Recording, run_policy
 from metronome_sdk._audio import resample
 from metronome_sdk.cli import main
 from metronome_sdk.transports import MemoryTransport
 from metronome_sdk.voice import SmartTurn, TurnModel, VoiceActivityDetector, VoiceAgent
-from metronome_sdk.voice._turn_eval import Policy, Recording, run_policy
 from tests.sdk.conftest import make_engine
 from tests.voice.test_turns import _final_answers, _talk
 from tests.webrtc.conftest import ToneTTS, speak

@@ -9,8 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from metronome_bench.voice import RATE, Refused, SpokenQuestion, run_round, summarize
 from metronome_sdk import Engine
-from metronome_sdk.bench.voice import RATE, Refused, SpokenQuestion, run_round, summarize
 from tests.webrtc.conftest import tiny_server
 
 pytestmark = pytest.mark.timeout(90)
@@ -57,7 +57,7 @@ async def test_a_caller_the_server_refuses_is_counted_with_its_retry_after(tiny_
 
 
 def test_held_within_the_objective_counts_rounds_all_admitted_and_within_it() -> None:
-    from metronome_sdk.commands.bench_voice import _held
+    from metronome_bench.commands.bench_voice import _held
 
     rounds = [
         {"callers": 1, "admitted": 1, "p95": 1.4},

@@ -31,7 +31,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["main", "run_interleaved", "serve_ticks"]
+__all__ = ["TickWorker", "main", "run_interleaved", "serve_ticks"]
 
 BEFORE = "170989d"  # the last commit before the C++ kernel (the one-pass torch attention on CPU)
 
@@ -113,7 +113,7 @@ def _baseline_tree(ref: str, into: Path) -> Path:
     return into / "engine_backend"
 
 
-class _Worker:
+class TickWorker:
     """A ``serve_ticks`` process beside whichever ``metronome_engine`` its PYTHONPATH puts first, run
     by ``python`` (another venv's interpreter: vLLM's) or this one, with ``env_extra`` set."""
 
@@ -161,10 +161,10 @@ def run_interleaved(
     specs: list[tuple[dict[str, Any], str | None]], counts: list[int], ticks: int
 ) -> dict[str, dict[str, Any]]:
     """Per-tick milliseconds of each engine at each session count, the engines' ticks taken in turn."""
-    workers: list[_Worker] = []
+    workers: list[TickWorker] = []
     try:
         for spec, path in specs:
-            workers.append(_Worker(spec, path))
+            workers.append(TickWorker(spec, path))
             print(f"  {spec['label']}: started", file=sys.stderr, flush=True)
         measured: dict[str, dict[str, Any]] = {w.label: {} for w in workers}
         for n in counts:

@@ -5,9 +5,11 @@ voice plugs in. The default voice (the ``[voice]`` extra) is ``WhisperSTT`` (Whi
 and ``PiperTTS`` (Piper's joe voice, run as its own process); ``PocketSphinxSTT`` and
 ``EspeakTTS`` are the light alternatives. ``VoiceActivityDetector`` takes turns with a
 ``SileroClassifier`` (Silero VAD) or a ``LoudnessClassifier``; ``SmartTurn`` (Pipecat's
-smart-turn v3) ends a turn at a short pause when the caller sounds finished.
+smart-turn v3) ends a turn at a short pause when the caller sounds finished. ``resample`` brings
+speech to the rate a recognizer or a transport wants (PyAV).
 """
 
+from .._audio import resample
 from ._agent import TurnLatency, VoiceAgent, error_event, stats_event
 from ._espeak import EspeakTTS
 from ._piper import PiperTTS
@@ -41,5 +43,6 @@ __all__ = [
     "WhisperSTT",
     "default_turn_detector",
     "error_event",
+    "resample",
     "stats_event",
 ]

@@ -151,7 +151,7 @@ class VLLMAnchor:
 
     def __init__(self, python: Path, model: str, *, max_batch: int, max_context: int, block_size: int = 32) -> None:
         import metronome_engine
-        from metronome_engine.vllm_backend.bench import _Worker  # its subprocess driver, reused
+        from metronome_engine.vllm_backend.bench import TickWorker  # the engine tick benchmark's subprocess driver
 
         blocks_each = -(-max_context // block_size) + 1
         spec = {
@@ -175,7 +175,7 @@ class VLLMAnchor:
         keep = ("model", "policy", "dtype", "block_size", "num_blocks", "max_model_len")
         self.settings: dict[str, Any] = {**{k: spec[k] for k in keep}, "python": str(python), "env": env}
         backend = str(Path(metronome_engine.__file__).resolve().parents[1])
-        self._worker = _Worker(spec, backend, python=str(python), env_extra=env)
+        self._worker = TickWorker(spec, backend, python=str(python), env_extra=env)
         self._tick = 0
         self._open = False
 

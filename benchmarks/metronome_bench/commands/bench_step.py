@@ -9,8 +9,10 @@ from typing import Any
 
 import torch
 
-from ._base import Command, emit_json, print_table
-from ._bench_common import add_isa, machine, select_isa
+from metronome_sdk.cli import Command
+
+from ._common import add_isa, machine, select_isa
+from ._output import emit_json, print_table
 
 
 def _batches(text: str) -> list[int]:
@@ -103,8 +105,8 @@ def _run(args: argparse.Namespace) -> int:
     capability = select_isa(args.isa)  # before anything computes
     from metronome_engine.engine import auto_choice
 
-    from ..bench.anchors import make_anchors
-    from ..bench.step import contexts_for, run_step_bench
+    from ..anchors import make_anchors
+    from ..step import contexts_for, run_step_bench
 
     def say(msg: str) -> None:
         print(f"[bench step] {msg}", file=sys.stderr, flush=True)

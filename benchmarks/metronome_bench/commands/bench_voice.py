@@ -13,7 +13,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from ._base import Command, emit_json, print_table
+from metronome_sdk.cli import Command
+
+from ._output import emit_json, print_table
 
 VOICES = ("piper-joe", "espeak-en-us")
 TOKEN_ENV = "METRONOME_TOKEN"
@@ -82,9 +84,10 @@ def _add(p: argparse.ArgumentParser) -> None:
 
 def _speak(voices: tuple[str, ...], count: int) -> list[Any]:
     """``count`` questions, each spoken now by the next voice in ``voices``."""
-    from ..bench.voice import SpokenQuestion, to_caller_rate
+    from metronome_sdk.voice import EspeakTTS, PiperTTS
+
     from ..eval.questions import QUESTIONS
-    from ..voice import EspeakTTS, PiperTTS
+    from ..voice import SpokenQuestion, to_caller_rate
 
     with contextlib.ExitStack() as stack:
         speakers: dict[str, Any] = {}
@@ -105,7 +108,7 @@ def _speak(voices: tuple[str, ...], count: int) -> list[Any]:
 
 
 async def _bench(args: argparse.Namespace, questions: list[Any], log: Path) -> dict[str, Any]:
-    from ..bench.voice import machine, run_round, spawn_demo, summarize
+    from ..voice import machine, run_round, spawn_demo, summarize
 
     token = os.environ.get(TOKEN_ENV) or None
     demo_args = shlex.split(args.demo_args)
@@ -167,7 +170,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.warmup < 0:
         raise ValueError(f"--warmup must be >= 0, got {args.warmup}")
     _objective(args.voice_objective)  # a bad value fails before the questions are spoken
-    from ..bench.voice import machine
+    from ..voice import machine
 
     started = time.monotonic()
     questions = _speak(args.voices, max(args.callers) * args.turns + 1)

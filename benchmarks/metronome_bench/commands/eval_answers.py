@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import argparse
 
-from ._base import Command, emit_json, print_table, progress_bar
+from metronome_sdk.cli import Command
+
+from ._output import emit_json, print_table, progress_bar
 
 
 def _add(p: argparse.ArgumentParser) -> None:

@@ -6,8 +6,9 @@ import argparse
 from pathlib import Path
 
 from metronome_engine import KVPolicy
+from metronome_sdk.cli import Command
 
-from ._base import Command, emit_json, print_table, progress_bar
+from ._output import emit_json, print_table, progress_bar
 
 
 def policy_from_args(kv: str, window: int, sinks: int) -> KVPolicy:

@@ -6,8 +6,10 @@ import argparse
 import time
 from typing import Any
 
-from ._base import Command, emit_json, print_table, progress_bar
-from ._bench_common import add_common, machine, positive_float, save_report, setup_threads
+from metronome_sdk.cli import Command
+
+from ._common import add_common, machine, positive_float, save_report, setup_threads
+from ._output import emit_json, print_table, progress_bar
 
 
 def _add(p: argparse.ArgumentParser) -> None:
@@ -31,8 +33,8 @@ def _add(p: argparse.ArgumentParser) -> None:
 def _run(args: argparse.Namespace) -> int:
     from metronome_sdk import TimingConfig
 
-    from ..bench.forecast_runs import ForecastConfig, run_forecast, summarize_forecast
-    from ..bench.plots import plot_forecast
+    from ..forecast_runs import ForecastConfig, run_forecast, summarize_forecast
+    from ..plots import plot_forecast
 
     setup_threads(args)
     scale = args.time_scale

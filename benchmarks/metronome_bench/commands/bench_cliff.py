@@ -6,8 +6,10 @@ import argparse
 import time
 from typing import Any
 
-from ._base import Command, emit_json, print_table, progress_bar
-from ._bench_common import add_common, machine, positive_float, save_report, setup_threads
+from metronome_sdk.cli import Command
+
+from ._common import add_common, machine, positive_float, save_report, setup_threads
+from ._output import emit_json, print_table, progress_bar
 
 
 def _add(p: argparse.ArgumentParser) -> None:
@@ -34,8 +36,8 @@ def _add(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..bench.cliff import CliffConfig, run_cliff, summarize
-    from ..bench.plots import plot_cliff, plot_silent
+    from ..cliff import CliffConfig, run_cliff, summarize
+    from ..plots import plot_cliff, plot_silent
 
     setup_threads(args)
     runs, scale = args.runs, args.time_scale

@@ -10,8 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ._base import Command, emit_json, print_table, progress_bar
-from ._bench_common import add_common, add_isa, machine, positive_float, save_report, select_isa, setup_threads
+from metronome_sdk.cli import Command
+
+from ._common import add_common, add_isa, machine, positive_float, save_report, select_isa, setup_threads
+from ._output import emit_json, print_table, progress_bar
 from .bench_sweep import add_sweep_arguments, sweep_config
 
 
@@ -66,11 +68,11 @@ def _names(flag: str, allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ..
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..bench.admit import AdmitConfig, run_admit, summarize
-    from ..bench.plots import plot_admit
-    from ..bench.sweep import SweepConfig, run_sweep
-    from ..bench.sweep import summarize as summarize_sweep
-    from ..bench.workload import bench_model
+    from ..admit import AdmitConfig, run_admit, summarize
+    from ..plots import plot_admit
+    from ..sweep import SweepConfig, run_sweep
+    from ..sweep import summarize as summarize_sweep
+    from ..workload import bench_model
 
     capability = select_isa(args.isa)  # before anything computes
     setup_threads(args)
@@ -86,7 +88,7 @@ def _run(args: argparse.Namespace) -> int:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ValueError(f"--sweep {args.sweep} is not a readable `bench sweep` report: {exc}") from exc
     elif args.n_sched is None:
-        from ..bench.sweep import search_n_sched
+        from ..sweep import search_n_sched
 
         sc = sweep_config(args, policies=("window",))
         assert isinstance(sc, SweepConfig)

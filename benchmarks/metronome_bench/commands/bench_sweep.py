@@ -5,8 +5,10 @@ from __future__ import annotations
 import argparse
 import time
 
-from ._base import Command, emit_json, print_table, progress_bar
-from ._bench_common import add_common, machine, save_report, setup_threads
+from metronome_sdk.cli import Command
+
+from ._common import add_common, machine, save_report, setup_threads
+from ._output import emit_json, print_table, progress_bar
 
 
 def _ns(text: str) -> tuple[int, ...]:
@@ -31,7 +33,7 @@ def add_sweep_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def sweep_config(args: argparse.Namespace, policies: tuple[str, ...] = ("window", "full")) -> object:
-    from ..bench.sweep import SweepConfig
+    from ..sweep import SweepConfig
 
     kwargs: dict[str, object] = {
         "model": args.model,
@@ -53,8 +55,8 @@ def _add(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..bench.plots import plot_sweep
-    from ..bench.sweep import SweepConfig, run_sweep, summarize
+    from ..plots import plot_sweep
+    from ..sweep import SweepConfig, run_sweep, summarize
 
     setup_threads(args)
     config = sweep_config(args)

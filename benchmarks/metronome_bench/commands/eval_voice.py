@@ -6,10 +6,12 @@ import argparse
 import contextlib
 from typing import TYPE_CHECKING
 
-from ._base import Command, emit_json, print_table, progress_bar
+from metronome_sdk.cli import Command
+
+from ._output import emit_json, print_table, progress_bar
 
 if TYPE_CHECKING:
-    from ..voice._protocols import TextToSpeech
+    from metronome_sdk.voice import TextToSpeech
 
 RECOGNIZERS = ("whisper", "pocketsphinx")
 VOICES = ("piper-joe", "espeak-en-us", "espeak-en-gb")
@@ -28,7 +30,7 @@ def _names(allowed: tuple[str, ...], what: str) -> type:
 
 def open_voices(stack: contextlib.ExitStack, names: tuple[str, ...]) -> list[tuple[str, TextToSpeech]]:
     """The voices named (``piper-joe``, ``espeak-<voice>``); Piper's process stops with ``stack``."""
-    from ..voice import EspeakTTS, PiperTTS
+    from metronome_sdk.voice import EspeakTTS, PiperTTS
 
     voices: list[tuple[str, TextToSpeech]] = []
     for name in names:
@@ -57,9 +59,9 @@ def _add(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..voice import PocketSphinxSTT, WhisperSTT
-    from ..voice._accuracy import PROMPTS, measure
-    from ..voice._protocols import SpeechToText
+    from metronome_sdk.voice import PocketSphinxSTT, SpeechToText, WhisperSTT
+
+    from ..eval.voice import PROMPTS, measure
 
     prompts = PROMPTS if args.prompts is None else PROMPTS[: args.prompts]
     if args.prompts is not None and not 1 <= args.prompts <= len(PROMPTS):

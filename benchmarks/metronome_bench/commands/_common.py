@@ -10,8 +10,6 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
-from .._extras import require
-
 if TYPE_CHECKING:
     from metronome_engine.kernels import Isa
 
@@ -85,8 +83,7 @@ def select_isa(isa: Isa) -> str:
 
 
 def setup_threads(args: argparse.Namespace) -> None:
-    """Set torch's threads, and check the plots' extra before a long run rather than after it."""
-    require("matplotlib", extra="bench", feature="metronome bench (its plots)")
+    """Set torch's threads."""
     if args.threads < 1:
         raise ValueError(f"--threads must be >= 1, got {args.threads}")
     torch.set_num_threads(args.threads)

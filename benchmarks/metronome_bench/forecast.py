@@ -25,8 +25,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._core.growth import GrowthRate
-from .._core.growth import t_sat as saturation_time
+from metronome_sdk.estimators import GrowthRate
+from metronome_sdk.estimators import t_sat as saturation_time
 
 __all__ = [
     "GAUGE_COLUMNS",

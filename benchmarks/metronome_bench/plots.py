@@ -18,12 +18,7 @@ _COLORS = {"full": "tab:red", "window": "tab:blue"}
 
 
 def _pyplot() -> Any:
-    try:
-        import matplotlib
-    except ImportError as exc:  # not a core dependency
-        raise ImportError(
-            f"the benchmarks' plots need the [bench] extra: pip install 'metronome-sdk[bench]' ({exc})"
-        ) from exc
+    import matplotlib  # a dependency of metronome-bench, imported late: a run's start stays quick
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt

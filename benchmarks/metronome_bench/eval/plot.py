@@ -11,12 +11,7 @@ __all__ = ["plot_quality"]
 
 def plot_quality(report: QualityReport, path: Path) -> Path:
     """Write a small PNG to ``path`` and return it."""
-    try:
-        import matplotlib
-    except ImportError as exc:  # not a core dependency
-        raise ImportError(
-            f"the evaluations' plots need the [bench] extra: pip install 'metronome-sdk[bench]' ({exc})"
-        ) from exc
+    import matplotlib  # a dependency of metronome-bench, imported late: a run's start stays quick
 
     matplotlib.use("Agg")  # no display here, and none wanted
     import matplotlib.pyplot as plt

@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from ._protocols import SpeechToText, TextToSpeech
+from metronome_sdk.voice import SpeechToText, TextToSpeech
 
 __all__ = ["PROMPTS", "WordErrors", "normalize", "word_errors"]
 

@@ -26,8 +26,8 @@ from typing import Any
 from metronome_engine import EngineCore
 from metronome_engine.model import LlamaModel
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
+from metronome_sdk.estimators import percentile
 
-from .._core.admission import percentile
 from .concurrent import run_concurrently
 from .forecast import (
     ALARM_S,

@@ -5,7 +5,9 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ._base import Command, emit_json, print_table, progress_bar
+from metronome_sdk.cli import Command
+
+from ._output import emit_json, print_table, progress_bar
 
 if TYPE_CHECKING:
     from metronome_engine.model import LlamaModel

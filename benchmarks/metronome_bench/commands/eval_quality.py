@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ._base import Command, emit_json, print_table, progress_bar
+from metronome_sdk.cli import Command
+
+from ._output import emit_json, print_table, progress_bar
 
 if TYPE_CHECKING:
     from metronome_engine.model import LlamaModel

@@ -20,10 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from .._audio import resample
-from ._protocols import TextToSpeech
-from ._turn import TurnModel
-from ._vad import VoiceActivityDetector
+from metronome_sdk.voice import TextToSpeech, TurnModel, VoiceActivityDetector, resample
 
 __all__ = ["PAUSED", "Policy", "Recording", "TurnResult", "record", "run_policy"]
 

@@ -25,8 +25,8 @@ from metronome_engine import EngineCore
 from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
+from metronome_sdk.estimators import percentile
 
-from .._core.admission import percentile
 from .workload import (
     Policy,
     SessionPlan,

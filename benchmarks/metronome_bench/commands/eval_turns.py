@@ -8,7 +8,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from ._base import Command, emit_json, print_table, progress_bar
+from metronome_sdk.cli import Command
+
+from ._output import emit_json, print_table, progress_bar
 from .bench_voice import VOICES, parse_voices
 from .eval_voice import open_voices
 
@@ -40,9 +42,10 @@ def _add(p: argparse.ArgumentParser) -> None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..bench.voice import machine
-    from ..voice import SileroClassifier, SmartTurn, VoiceActivityDetector
-    from ..voice._turn_eval import PAUSED, Policy, record, run_policy, summarize
+    from metronome_sdk.voice import SileroClassifier, SmartTurn, VoiceActivityDetector
+
+    from ..eval.turns import PAUSED, Policy, record, run_policy, summarize
+    from ..voice import machine
 
     if not 0.05 <= args.pause <= 1.0:
         raise ValueError(f"--pause must be in [0.05, 1] seconds, got {args.pause}")
