@@ -5,7 +5,8 @@
 metronome-bench (``benchmarks/`` in the repository) brings ``metronome bench`` and
 ``metronome eval`` that way, so ``pip install metronome-sdk`` carries no benchmark code.
 A command raises ``ValueError`` for bad input and :class:`MissingExtra` for an optional
-package that is not installed: either prints one line and exits 2.
+package that is not installed (``require`` raises it, naming the extra): either prints one
+line and exits 2.
 """
 
 from __future__ import annotations
@@ -15,10 +16,10 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from importlib.metadata import entry_points
 
-from ._extras import MissingExtra
+from ._extras import MissingExtra, require
 from .commands import COMMANDS, Command
 
-__all__ = ["Command", "MissingExtra", "build_parser", "main"]
+__all__ = ["Command", "MissingExtra", "build_parser", "main", "require"]
 
 _ENTRY_POINTS = "metronome.commands"
 # command groups that live in another distribution, and what installs them

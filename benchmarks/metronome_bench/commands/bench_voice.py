@@ -162,7 +162,7 @@ def _held(rounds: list[dict[str, Any]], objective: float | None) -> int | None:
 
 
 def _run(args: argparse.Namespace) -> int:
-    from .._extras import require
+    from metronome_sdk.cli import require
 
     require("aiortc", extra="webrtc", feature="metronome bench voice (its callers are aiortc peers)")
     if args.timeout <= 0:
