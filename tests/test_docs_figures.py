@@ -62,15 +62,10 @@ PLACEHOLDER = "\N{WHITE SQUARE}"
 # Pages whose figures are not all marked yet, and why: each still fails the marker rule (a test
 # says so, so a page leaves this list the day it is clean); their marked figures are checked.
 PENDING: dict[str, str] = {
-    "alerting.md": "run settings and lead times (1-20 s) not yet marked to the forecast JSON",
     "benchmarks.md": "its dated run log (the machine and the run, the admit runs) not yet moved to docs/lab/",
-    "cli.md": "probe sizes and defaults not yet allowed; its bench voice/demo sections are being edited",
     "concepts.md": "the sweep and admit figures of its plots have no JSON in docs/data",
     "models.md": "its measured load and step figures not yet moved to docs/lab/ or marked",
     "quality.md": "no JSON of its two eval quality runs is in docs/data: figures from printouts",
-    "realtime.md": "its figures are the endpoint's limits and defaults (24 kHz, RealtimeConfig's), not yet allowed",
-    "reliability.md": "defaults not yet allowed; its soak figures have no JSON",
-    "serve.md": "its two overload runs have no JSON in docs/data",
     "sizing.md": "its formula tables not yet allowed or generated",
     "voice-agent.md": "being edited on another branch: markers only, after that merge",
     "webrtc.md": "being edited on another branch: markers only, after that merge",
@@ -78,6 +73,20 @@ PENDING: dict[str, str] = {
 
 # page -> figure text -> (times it occurs outside code and markers, why it is not a measurement)
 ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
+    "alerting.md": {
+        "1 %": (1, "the healthy share of late frames: the deadline-miss alert's threshold (> 0.01), a choice"),
+        "80 ms": (3, "the tick period the forecast runs used, EngineConfig.period = 0.080 (config.period_s)"),
+        "15 %": (1, "the issue's target for the gauge's error 5 s ahead: a target, not a result"),
+        "5 s": (1, "TimingConfig.growth_window's default, 5.0"),
+    },
+    "cli.md": {
+        "0.6 s": (1, "eval turns' mid-sentence pauses, GAPS = (0.4, 0.5, 0.6) in metronome_bench.eval.turns"),
+        "20 ms": (2, "the frames eval turns hears and bench voice sends: FRAME = RATE // 50, and 960 at 48 kHz"),
+        "5%": (1, "eval quality's pass criterion, a ratio within 0.05 of recompute's: a threshold"),
+        "256 MB": (2, "the roofline's copy and read probes: 64 Mi float32 (metronome_bench.roofline)"),
+        "80 ms": (1, "aiortc's receiver holds four 20 ms frames back: another library's constant"),
+        "20 s": (2, "the forecast's longest lead, LEADS = (1, 2, 5, 10, 20), and bench admit's hog_start = 20.0"),
+    },
     "engine.md": {
         "13 MB": (1, "18 blocks x 737,280 bytes: the bound's formula for W=256, S=4, bs=16"),
         "111 MB": (1, "SmolLM2's dense weights as GGUF blocks: arithmetic on its shapes"),
@@ -91,6 +100,28 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
         "2 s": (1, "LiveKit's default retry_interval: another library's constant"),
         "1 s": (1, "the default stall_retry_after, the server's constant"),
     },
+    "realtime.md": {
+        "24 kHz": (3, "the OpenAI Realtime API's pcm16 rate, RATE = 24000 in serve/_realtime_protocol.py"),
+        "100 ms": (1, "how much audio a client's append carries, as captured: guidance, any size is taken"),
+        "10 s": (1, "RealtimeConfig.max_append_seconds' default, 10.0"),
+        "60 s": (1, "RealtimeConfig.max_buffer_seconds' default, 60.0"),
+        "5 s": (1, "RealtimeConfig.send_timeout's default, 5.0"),
+        "0.5 s": (1, "RealtimeConfig.audio_lead's default, 0.5"),
+        "1.5 s": (1, "RealtimeConfig.voice_objective's default, DEFAULT_OBJECTIVE = 1.5"),
+        "30 s": (1, "the WebSocket's heartbeat, web.WebSocketResponse(heartbeat=30.0)"),
+    },
+    "reliability.md": {
+        "10 s": (1, "the longest audio one frame may carry, MAX_AUDIO_SECONDS = 10.0 (_frames.py)"),
+        "64 MiB": (1, "the soak test's bound on RSS growth, RSS_BOUND = 64 << 20"),
+        "4x": (1, "the soak test's bound on latency growth, LATENCY_RATIO = 4.0"),
+        "5 s": (3, "64 frames of 80 ms (input_queue, the peer's _INBOX) and watchdog_floor's default, 5.0"),
+        "80 ms": (2, "the default tick period, EngineConfig.period = 0.080"),
+        "15 s": (1, "max_failed_ticks (3) x watchdog_floor (5 s): the defaults' arithmetic"),
+        "2.5 s": (1, "the transport tests' bound on a bystander's stats gap, MAX_STATS_GAP = 2.5"),
+        "30 s": (1, "ReplyAudioTrack's max_queued_seconds default, 30.0"),
+        "256 KiB": (1, "ServerConfig.max_buffered's default, 256 << 10"),
+    },
+    "serve.md": {"1 MiB": (1, "ServeConfig.max_body's default, 1 << 20")},
     "sessions.md": {
         "80 ms": (4, "the default tick period, EngineConfig.period = 0.080"),
         "256 MiB": (1, "the default block pool, DEFAULT_MEMORY_BYTES = 256 << 20"),
