@@ -4,9 +4,11 @@ Calls last minutes, so a cap acts only on newcomers and a session's cost keeps a
 after its admission: AIMD on latency alone overshoots while that cost is on its way and then
 cuts far below the load it reacts to, which stays (issue 33). This policy admits from a model
 instead: a step appending ``tokens`` takes ``StepCost.seconds(tokens)`` (fixed + per token,
-refitted by the tick loop from every step), times ``slowdown``, the median ratio of the last
-steps' measured to predicted seconds (another process on a core shows here within two ticks,
-long before the refit's window has moved). Each session in flight, measured or not, counts at
+refitted by the tick loop from every step), times ``slowdown``: the median ratio of measured to
+predicted seconds over the last three steps (another process on a core shows here within two
+ticks, long before the refit's window has moved), or over the last sixteen when that is higher.
+A session admitted stays for minutes, so the cap grows only on what the steps have shown for a
+while, never on a brief dip; it falls on the first two slow steps. Each session in flight, measured or not, counts at
 ``session_tokens`` a tick. Feedback keeps two terms the model cannot know: ``overhead``, what a
 frame waits at the percentile beyond the median step (the send lead, jitter), and
 ``correction``, AIMD on the model's own misses. Ideas kept from Netflix's concurrency-limits
@@ -30,7 +32,8 @@ from .cost import StepCost
 
 __all__: list[str] = []  # internal: ModelAdmitter (AdmissionConfig(policy="model"))
 
-SLOWDOWN_STEPS = 3  # steps whose median measured/predicted ratio is the slowdown: one odd step moves nothing
+SLOWDOWN_STEPS = 3  # steps whose median measured/predicted ratio stops admission: one odd step moves nothing
+SETTLED_STEPS = 16  # steps whose median ratio growth waits for: a brief dip admits no session that stays
 OVERHEAD_WEIGHT = 0.3  # each decision's weight in the overhead's moving average (a p99 of a few dozen frames)
 CORRECTION_MAX = 4.0  # the model's cost is never scaled past this: past it the model is wrong, not noisy
 CORRECTION_RELAX = 0.02  # each decision that meets the target takes this much off the correction (additive)
@@ -59,7 +62,7 @@ class ModelAdmitter(Admitter):
         super().__init__(config, deadline=deadline, guard=guard, clock=clock, measured=measured)
         self.cost = cost
         self._budget = budget
-        self._ratios: deque[float] = deque(maxlen=SLOWDOWN_STEPS)
+        self._ratios: deque[float] = deque(maxlen=SETTLED_STEPS)
         self._steps: list[float] = []  # step seconds since the last decision
         self.overhead = 0.0  # seconds a frame waits at the percentile beyond its step (learned)
         self.correction = 1.0  # the model's cost scale: AIMD on its misses
@@ -70,8 +73,15 @@ class ModelAdmitter(Admitter):
 
     @property
     def slowdown(self) -> float:
-        """The last steps' median ratio of measured to predicted seconds (1.0 before any step)."""
-        return statistics.median(self._ratios) if self._ratios else 1.0
+        """Measured over predicted seconds: the higher of the last 3 steps' median and the last 16's.
+
+        1.0 before any step. The short median cuts at once when the machine slows; the long
+        one holds the cap while a few fast steps pass, and lets it grow once they last.
+        """
+        if not self._ratios:
+            return 1.0
+        recent = list(self._ratios)[-SLOWDOWN_STEPS:]
+        return max(statistics.median(recent), statistics.median(self._ratios))
 
     def observe_step(self, tokens: int, seconds: float) -> None:
         if self.cost.ready and tokens >= 1:

@@ -99,13 +99,27 @@ def test_a_slow_machine_that_meets_the_deadline_sheds_nobody() -> None:
     assert a.to_shed() == 0
 
 
-def test_it_admits_again_when_the_machine_recovers() -> None:
+def test_it_admits_again_once_the_machine_has_recovered_for_a_while() -> None:
     clock = FakeClock()
     a = admitter(clock)
     steps(a, 16, 2.0, count=3)
     assert a.update(16) == 16
-    steps(a, 16, 1.0, count=2)  # two of the last three steps at their cost again
+    steps(a, 16, 1.0, count=2)  # two of the last three at their cost, but not most of the last sixteen
+    assert a.update(16) == 16
+    steps(a, 16, 1.0, count=2)  # four of seven: the settled median is back at 1
+    assert a.slowdown == pytest.approx(1.0)
     assert a.update(16) == 18
+
+
+def test_a_brief_dip_admits_nobody_beyond_what_the_settled_steps_say() -> None:
+    a = admitter(FakeClock())
+    steps(a, 16, 1.0, count=16)
+    steps(a, 16, 0.7, count=3)  # three fast steps: the recent median says 0.7, the last sixteen 1.0
+    assert a.slowdown == pytest.approx(1.0)
+    assert a.fits() == 18
+    steps(a, 16, 0.7, count=6)  # nine of sixteen now: the machine is faster, and the cap grows
+    assert a.slowdown == pytest.approx(0.7)
+    assert a.fits() == 26  # (500 ms / 0.7 - 10 ms) / 3 ms = 234 tokens
 
 
 def test_the_overhead_beyond_the_step_is_learned() -> None:
