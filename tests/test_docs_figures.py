@@ -63,7 +63,6 @@ PLACEHOLDER = "\N{WHITE SQUARE}"
 # says so, so a page leaves this list the day it is clean); their marked figures are checked.
 PENDING: dict[str, str] = {
     "alerting.md": "run settings and lead times (1-20 s) not yet marked to the forecast JSON",
-    "benchmarks.md": "its dated run log (the machine and the run, the admit runs) not yet moved to docs/lab/",
     "cli.md": "probe sizes and defaults not yet allowed; its bench voice/demo sections are being edited",
     "realtime.md": "its figures are the endpoint's limits and defaults (24 kHz, RealtimeConfig's), not yet allowed",
     "reliability.md": "defaults not yet allowed; its soak figures have no JSON",
@@ -74,6 +73,22 @@ PENDING: dict[str, str] = {
 
 # page -> figure text -> (times it occurs outside code and markers, why it is not a measurement)
 ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
+    "benchmarks.md": {
+        "80 ms": (6, "the default tick period (EngineConfig.period = 0.080), the cliff's and forecast's period"),
+        "500 ms": (2, "the sweep's and admit's default period and deadline, SweepConfig.period = 0.5"),
+        "1 s": (2, "the slowest tick the design allows, and a lead the gauge is scored at (forecast.LEADS)"),
+        "2 s": (1, "a lead the gauge is scored at, forecast.LEADS"),
+        "5 s": (3, "a lead the gauge is scored at (forecast.LEADS), the one issue 25's check names"),
+        "20 s": (1, "the longest lead the gauge is scored at, forecast.LEADS"),
+        "10 s": (9, "the alarm t_sat < 10 s (alarm_s = 10.0), and the first 10 s that p99_after_10s_ms leaves out"),
+        "60 s": (1, "bench admit's longest session, AdmitConfig.duration = (30.0, 60.0)"),
+        "75 s": (1, "bench admit's run length, AdmitConfig.run_seconds = 75.0"),
+        "0.75 x": (1, "the step's share of the deadline, TimingConfig.step_share = 0.75"),
+        "0.8 x": (1, "the SDK's admission target, AdmissionConfig.target = 0.8"),
+        "10 %": (7, "issue 33's threshold for N* and the peak against n_sched"),
+        "15 %": (2, "issue 25's threshold for the gauge's error, and issue 4's for N*"),
+        "25 s": (1, "the run's horizon, 105 s, less the hog's end at 80 s: the run's own timeline"),
+    },
     "concepts.md": {
         "80 ms": (3, "the default tick period (EngineConfig), Moshi's 12.5 Hz frame: the deadline"),
         "1 s": (2, "the slowest models' tick, and a lead the forecast is scored at (forecast.LEADS)"),
