@@ -24,17 +24,7 @@ ALLOWED = {
     ("webrtc/client.py", "dtls.transport._connection"): "aiortc's DTLS transport: the test client forges packets",
     ("webrtc/client.py", "dtls.transport._connection._protocols"): "aiortc's, as above",
     ("webrtc/client.py", "sctp._receive_chunk"): "aiortc's SCTP: the test client drops chunks",
-    # the engine's kernels and model: the engine's own tests of its build, kept with the engine's work
-    # (issue 36 item 4 gives platform and kernel choice a seam of their own)
-    ("engine/test_fused_kernels.py", "kernels._SOURCES"): "the kernel sources a build is keyed by",
-    ("engine/test_kernel_sources.py", "kernels._SOURCES"): "the kernel sources a build is keyed by",
-    ("engine/test_kernel_sources.py", "native._KEYED"): "the kernel sources a build is keyed by",
-    ("engine/test_kernel_sources.py", "native._SOURCE"): "the kernel sources a build is keyed by",
-    ("engine/test_kernel_sources.py", "native._build_dir"): "where a build goes",
-    ("engine/test_platforms.py", "kernels._builds"): "the builds a platform makes",
-    ("engine/test_platforms.py", "native._cflags"): "a build's compiler flags",
-    ("engine/test_platforms.py", "native._build_dir"): "where a build goes",
-    ("engine/test_platforms.py", "kernels._cpu_flags"): "the CPU flags a build is chosen by",
+    # the engine's model: the engine's own tests of its build
     ("engine/test_tiles.py", "model._layers"): "one layer's packed weights",
     # a bit flip in a real core: no public API writes NaN into a session's cache, nor should one
     ("reliability/conftest.py", "core._seqs"): "a sequence's K/V, corrupted in place",
