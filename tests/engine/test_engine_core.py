@@ -74,11 +74,12 @@ def test_closing_sessions_returns_every_block() -> None:
     seqs = [engine.add_sequence() for _ in range(5)]
     for i in range(30):
         engine.step([StepRequest(s, [(i + s) % VOCAB]) for s in seqs])
-    assert engine.pool_stats().used_blocks > 0
+    assert engine.pool_stats().used_blocks > 0 and engine.sequence_ids() == seqs
     for s in seqs:
         engine.free_sequence(s)
         engine.free_sequence(s)  # idempotent
     assert engine.pool_stats().used_blocks == 0 and engine.pool_stats().sequences == 0
+    assert engine.sequence_ids() == []
 
 
 def test_a_failed_step_gives_back_its_reservations(kernels: Kernels) -> None:

@@ -18,7 +18,7 @@ def test_non_finite_logits_drop_only_that_session_and_scrub_its_blocks(kernels: 
     core = tiny_engine(KVPolicy.windowed(8, sinks=4), num_blocks=32, kernels=kernels)
     a, b, c = (core.add_sequence() for _ in range(3))
     core.step([StepRequest(s, [5, 6, 7, 8, 9]) for s in (a, b, c)])
-    held_by_b = [pb for _, pb in core._seqs[b].kv.resident_blocks()]
+    held_by_b = [pb for _, pb in core.resident_blocks(b)]
     poison(core, b)
 
     outs = core.step([StepRequest(s, [10]) for s in (a, b, c)])
