@@ -2,16 +2,43 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
+from torch import Tensor
 
-import metronome_engine.engine as engine_module
-from metronome_engine import KVPolicy, SamplingParams, Stall, StepRequest
+from metronome_engine import EngineCore, KVPolicy, ModelConfig, SamplingParams, Stall, StepRequest
 from metronome_engine.engine import Kernels
-from tests.engine.tiny import tiny_engine
+from metronome_engine.model import LlamaModel
+from tests.engine.tiny import tiny_engine, tiny_hf
 from tests.reliability.conftest import poison
 
 pytestmark = pytest.mark.timeout(60)
+
+
+class _FaultyHead(LlamaModel):
+    """The tiny model whose head can go wrong as a bad kernel or a bit flip would: once
+    ``fault`` is ``(row, column, value)``, that logit of every step comes out as ``value``."""
+
+    fault: tuple[int, int, float] | None = None
+
+    @torch.inference_mode()
+    def logits(self, hidden: Tensor, ops: Any = None) -> Tensor:
+        out = super().logits(hidden, ops)
+        if self.fault is None:
+            return out
+        row, column, value = self.fault
+        out = out.clone()
+        out[row, column] = value
+        return out
+
+
+def _faulty_engine(policy: KVPolicy) -> tuple[EngineCore, _FaultyHead]:
+    hf = tiny_hf(0)
+    model = _FaultyHead(ModelConfig.from_hf(hf.config.to_dict()))
+    model.load_hf_state_dict(hf.state_dict())
+    return EngineCore(model, policy=policy, num_blocks=32, block_size=4), model
 
 
 def test_non_finite_logits_drop_only_that_session_and_scrub_its_blocks(kernels: Kernels) -> None:
@@ -41,38 +68,26 @@ def test_non_finite_logits_drop_only_that_session_and_scrub_its_blocks(kernels: 
     assert core.pool_stats().used_blocks == 0
 
 
-def test_nan_in_the_logits_rows_of_one_session_is_reported_for_that_session_only(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    core = tiny_engine(KVPolicy.full(), num_blocks=32)
+def test_nan_in_the_logits_rows_of_one_session_is_reported_for_that_session_only() -> None:
+    core, model = _faulty_engine(KVPolicy.full())
     a, b = core.add_sequence(), core.add_sequence(sampling=SamplingParams(temperature=1.0, seed=1))
-    real_logits = core.model.logits
-
-    def nan_in_row_one(hidden: torch.Tensor, ops: object = None) -> torch.Tensor:
-        out = real_logits(hidden, ops).clone()
-        out[1, 3] = float("nan")  # the second session's (b's) row: sampling it would raise in multinomial
-        return out
-
-    monkeypatch.setattr(core.model, "logits", nan_in_row_one)
+    model.fault = (1, 3, float("nan"))  # the second session's (b's) row: sampling it would raise in multinomial
     outs = core.step([StepRequest(a, [1, 2]), StepRequest(b, [3, 4])])
     assert outs[0].ok and outs[0].num_tokens == 2
     assert outs[1].stall is Stall.NUMERIC_FAULT and not core.has_sequence(b)
 
 
-def test_a_step_that_raises_after_the_forward_pass_commits_no_session(monkeypatch: pytest.MonkeyPatch) -> None:
-    core = tiny_engine(KVPolicy.windowed(8, sinks=4), num_blocks=32)
+def test_a_step_that_raises_after_the_forward_pass_commits_no_session() -> None:
+    core, model = _faulty_engine(KVPolicy.windowed(8, sinks=4))
     greedy, sampled = core.add_sequence(), core.add_sequence(sampling=SamplingParams(temperature=0.7, seed=3))
     core.step([StepRequest(greedy, [1, 2, 3]), StepRequest(sampled, [4, 5, 6])])
     before = (core.sequence_length(greedy), core.sequence_length(sampled), core.pool_stats().used_blocks)
-
-    def broken_sample(*args: object) -> int:
-        raise RuntimeError("injected: sampling failed")
-
-    monkeypatch.setattr(engine_module, "sample", broken_sample)
-    with pytest.raises(RuntimeError, match="injected"):
+    # finite, so not a numeric fault, but infinite once divided by the temperature: sampling raises
+    model.fault = (1, 3, 3e38)
+    with pytest.raises(RuntimeError, match="probability tensor"):
         core.step([StepRequest(greedy, [7, 8, 9, 10]), StepRequest(sampled, [11, 12, 13, 14])])
     # the greedy session came first and was fine, but nothing was committed for anyone
     assert (core.sequence_length(greedy), core.sequence_length(sampled), core.pool_stats().used_blocks) == before
-    monkeypatch.undo()
+    model.fault = None
     outs = core.step([StepRequest(greedy, [7]), StepRequest(sampled, [8])])
     assert all(o.ok for o in outs)
