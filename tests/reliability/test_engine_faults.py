@@ -2,43 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 import torch
-from torch import Tensor
 
-from metronome_engine import EngineCore, KVPolicy, ModelConfig, SamplingParams, Stall, StepRequest
+from metronome_engine import KVPolicy, SamplingParams, Stall, StepRequest
 from metronome_engine.engine import Kernels
-from metronome_engine.model import LlamaModel
-from tests.engine.tiny import tiny_engine, tiny_hf
+from tests.engine.tiny import faulty_engine, tiny_engine
 from tests.reliability.conftest import poison
 
 pytestmark = pytest.mark.timeout(60)
-
-
-class _FaultyHead(LlamaModel):
-    """The tiny model whose head can go wrong as a bad kernel or a bit flip would: once
-    ``fault`` is ``(row, column, value)``, that logit of every step comes out as ``value``."""
-
-    fault: tuple[int, int, float] | None = None
-
-    @torch.inference_mode()
-    def logits(self, hidden: Tensor, ops: Any = None) -> Tensor:
-        out = super().logits(hidden, ops)
-        if self.fault is None:
-            return out
-        row, column, value = self.fault
-        out = out.clone()
-        out[row, column] = value
-        return out
-
-
-def _faulty_engine(policy: KVPolicy) -> tuple[EngineCore, _FaultyHead]:
-    hf = tiny_hf(0)
-    model = _FaultyHead(ModelConfig.from_hf(hf.config.to_dict()))
-    model.load_hf_state_dict(hf.state_dict())
-    return EngineCore(model, policy=policy, num_blocks=32, block_size=4), model
 
 
 def test_non_finite_logits_drop_only_that_session_and_scrub_its_blocks(kernels: Kernels) -> None:
@@ -69,7 +41,7 @@ def test_non_finite_logits_drop_only_that_session_and_scrub_its_blocks(kernels: 
 
 
 def test_nan_in_the_logits_rows_of_one_session_is_reported_for_that_session_only() -> None:
-    core, model = _faulty_engine(KVPolicy.full())
+    core, model = faulty_engine(KVPolicy.full(), num_blocks=32)
     a, b = core.add_sequence(), core.add_sequence(sampling=SamplingParams(temperature=1.0, seed=1))
     model.fault = (1, 3, float("nan"))  # the second session's (b's) row: sampling it would raise in multinomial
     outs = core.step([StepRequest(a, [1, 2]), StepRequest(b, [3, 4])])
@@ -78,7 +50,7 @@ def test_nan_in_the_logits_rows_of_one_session_is_reported_for_that_session_only
 
 
 def test_a_step_that_raises_after_the_forward_pass_commits_no_session() -> None:
-    core, model = _faulty_engine(KVPolicy.windowed(8, sinks=4))
+    core, model = faulty_engine(KVPolicy.windowed(8, sinks=4), num_blocks=32)
     greedy, sampled = core.add_sequence(), core.add_sequence(sampling=SamplingParams(temperature=0.7, seed=3))
     core.step([StepRequest(greedy, [1, 2, 3]), StepRequest(sampled, [4, 5, 6])])
     before = (core.sequence_length(greedy), core.sequence_length(sampled), core.pool_stats().used_blocks)
