@@ -13,7 +13,7 @@ import os
 import platform
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 __all__ = ["ARM_MACHINES", "VECTOR_FLAGS", "X86_MACHINES", "CpuInfo", "describe", "model_name", "vector_flags"]
@@ -35,7 +35,7 @@ class CpuInfo:
     and ``processor`` (``platform.processor()``, the last resort of ``key``)."""
 
     machine: str
-    cpuinfo: str = ""
+    cpuinfo: str = field(default="", repr=False)  # a few kB a core: not in every log line
     processor: str = ""
 
     @classmethod

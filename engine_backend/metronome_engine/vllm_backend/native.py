@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..kernels import KernelBuild, compile_and_load, get_build
+from ..paths import cache_dir
 
 __all__ = ["SOURCES", "SinkWindowBuild", "available", "head_size_supported", "sink_window_attention", "store_kv"]
 
@@ -59,8 +60,6 @@ class SinkWindowBuild:
     def build_dir(self) -> Path:
         """Where the build goes: ``$METRONOME_CACHE/kernels/vllm-<key>``, the key covering
         the sources, the torch build, the CPU and the flags."""
-        from ..paths import cache_dir
-
         key = hashlib.sha256()
         for path in self.sources:
             key.update(path.read_bytes())
