@@ -11,8 +11,8 @@ exits 2: nothing was checked.
 What it does, per build an aarch64 machine would make (the engine's ``native`` and
 ``generic`` builds, and vLLM's sinks + window kernel):
 
-- asks ``metronome_engine`` for the flags it passes on aarch64 (``platform.machine``
-  reads ``aarch64`` while they are read), with ``-mcpu=native`` made ``-mcpu=generic``
+- asks ``metronome_engine`` for the flags it passes on aarch64 (its builds made for a
+  ``CpuInfo("aarch64")``), with ``-mcpu=native`` made ``-mcpu=generic``
   (a cross compiler cannot read the target's CPU);
 - has torch write the ninja file its ``cpp_extension.load`` writes (the same defines,
   torch's include paths and the Python headers, ``-fPIC -std=c++20``), with ``CXX`` the
@@ -33,14 +33,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import re
 import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parents[1]
@@ -54,26 +51,20 @@ _RUNTIMES = ("libc.so.6", "libm.so.6", "libstdc++.so.6", "libgcc_s.so.1", "libgo
 _TORCH_LIBS = ("libc10.so", "libtorch_cpu.so", "libtorch.so", "libtorch_python.so")
 
 
-@contextmanager
-def _as_aarch64() -> Iterator[None]:
-    real = platform.machine
-    platform.machine = lambda: "aarch64"
-    try:
-        yield
-    finally:
-        platform.machine = real
+_AARCH64 = kernels.CpuInfo("aarch64")
 
 
 def builds() -> dict[str, tuple[list[Path], list[str]]]:
     """Build name -> (its .cpp sources, the flags an aarch64 machine passes)."""
-    os.environ.pop(kernels.ISA_ENV, None)  # vLLM's kernel takes the default build's flags
-    with _as_aarch64():
-        out: dict[str, tuple[list[Path], list[str]]] = {
-            isa: ([s for s in kernels._SOURCES if s.suffix == ".cpp"], kernels.KernelBuild(isa).cflags())
-            for isa in kernels.ISAS
-            if kernels.cannot_run(isa) is None
-        }
-        out["vllm"] = ([native._SOURCE], native._cflags())
+    compiled = [s for s in kernels.SOURCES if s.suffix == ".cpp"]
+    out: dict[str, tuple[list[Path], list[str]]] = {
+        isa: (compiled, kernels.KernelBuild(isa, cpu=_AARCH64).cflags())
+        for isa in kernels.ISAS
+        if kernels.cannot_run(isa, _AARCH64) is None
+    }
+    # vLLM's kernel takes the flags of the build engines use by default: native
+    vllm = native.SinkWindowBuild(kernels.KernelBuild("native", cpu=_AARCH64))
+    out["vllm"] = ([s for s in vllm.sources if s.suffix == ".cpp"], vllm.cflags())
     return {
         name: (srcs, ["-mcpu=generic" if f == "-mcpu=native" else f for f in flags])
         for name, (srcs, flags) in out.items()
@@ -106,7 +97,7 @@ def compile_build(name: str, sources: list[Path], flags: list[str], cxx: str, fo
     objects = re.findall(r"^build (\S+\.o): compile ", ninja, flags=re.M)
     if len(objects) != len(sources):
         raise SystemExit(f"{name}: expected {len(sources)} objects in torch's ninja file, found {objects}")
-    kernels._put_ninja_on_path()
+    kernels.put_ninja_on_path()
     done = subprocess.run(["ninja", "-C", str(folder), "-j", "2", *objects], capture_output=True, text=True)
     if done.returncode != 0:
         print(done.stdout[-6000:], done.stderr[-2000:], sep="\n")

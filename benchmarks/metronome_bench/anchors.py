@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 __all__ = [
     "LLAMA_BENCH_ENV",
@@ -26,6 +26,8 @@ __all__ = [
     "LlamaBench",
     "LlamaRow",
     "VLLMAnchor",
+    "Worker",
+    "WorkerFactory",
     "find_vllm_python",
     "make_anchors",
     "parse_batched_bench",
@@ -129,27 +131,51 @@ class LlamaBench:
         return rows
 
 
-def find_vllm_python(given: str | None) -> Path | str:
+def find_vllm_python(given: str | None, root: Path | None = None) -> Path | str:
     """The interpreter of a venv with vLLM: ``given`` (flag or environment), else ``.venv-vllm``
-    at the root of the source tree this engine was imported from. A reason string when none."""
+    at ``root``, by default the root of the source tree this engine was imported from. A reason
+    string when none."""
     if given:
         path = Path(given)
         return path if path.is_file() else f"{given} is not a file"
-    import metronome_engine
+    if root is None:
+        import metronome_engine
 
-    root = Path(metronome_engine.__file__).resolve().parents[2]
+        root = Path(metronome_engine.__file__).resolve().parents[2]
     path = root / ".venv-vllm" / "bin" / "python"
     if path.is_file():
         return path
     return f"no {path} (build it with `make .venv-vllm/.installed`, or pass --vllm-python)"
 
 
+class Worker(Protocol):
+    """What drives the vLLM process: one command in, its answer out (the vLLM backend's ``TickWorker``)."""
+
+    def ask(self, command: str | None) -> str: ...
+
+    def close(self) -> None: ...
+
+
+# (spec, PYTHONPATH, python, environment) -> a running worker, as TickWorker takes them
+WorkerFactory = Callable[[dict[str, Any], str | None, str | None, dict[str, str] | None], Worker]
+
+
 class VLLMAnchor:
     """vLLM's own Llama in a subprocess of ``python`` (no metronome layers: full KV, float32, both
     cores), driven through ``serve_ticks`` of the vLLM backend's tick benchmark. Its steps are
-    steppers that return the step's time as vLLM's process measured it."""
+    steppers that return the step's time as vLLM's process measured it. ``make_worker`` starts
+    the process (default: the tick benchmark's ``TickWorker``)."""
 
-    def __init__(self, python: Path, model: str, *, max_batch: int, max_context: int, block_size: int = 32) -> None:
+    def __init__(
+        self,
+        python: Path,
+        model: str,
+        *,
+        max_batch: int,
+        max_context: int,
+        block_size: int = 32,
+        make_worker: WorkerFactory | None = None,
+    ) -> None:
         import metronome_engine
         from metronome_engine.vllm_backend.bench import TickWorker  # the engine tick benchmark's subprocess driver
 
@@ -175,7 +201,7 @@ class VLLMAnchor:
         keep = ("model", "policy", "dtype", "block_size", "num_blocks", "max_model_len")
         self.settings: dict[str, Any] = {**{k: spec[k] for k in keep}, "python": str(python), "env": env}
         backend = str(Path(metronome_engine.__file__).resolve().parents[1])
-        self._worker = TickWorker(spec, backend, python=str(python), env_extra=env)
+        self._worker = (make_worker or TickWorker)(spec, backend, str(python), env)
         self._tick = 0
         self._open = False
 

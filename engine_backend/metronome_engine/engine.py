@@ -293,6 +293,10 @@ class EngineCore:
     def has_sequence(self, seq_id: int) -> bool:
         return seq_id in self._seqs
 
+    def sequence_ids(self) -> list[int]:
+        """The open sequences' ids, oldest first (those ``pool_stats().sequences`` counts)."""
+        return list(self._seqs)
+
     def sequence_length(self, seq_id: int) -> int:
         return self._seq(seq_id).kv.num_tokens
 

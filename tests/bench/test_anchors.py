@@ -153,20 +153,22 @@ def test_llama_runs_on_the_gguf_the_engine_loads_with_its_threads(tmp_path: Path
     assert made.llama.extra == ("--no-repack", "--poll", "0")
 
 
-def test_the_vllm_venv_is_found_at_the_source_tree_or_given(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_vllm_venv_is_found_at_the_source_tree_or_given(tmp_path: Path) -> None:
     import metronome_engine
 
     python = tmp_path / "python"
     python.write_text("")
     assert find_vllm_python(str(python)) == python
-    # a source tree: engine_backend/metronome_engine beside .venv-vllm
-    monkeypatch.setattr(metronome_engine, "__file__", str(tmp_path / "engine_backend/metronome_engine/__init__.py"))
-    reason = find_vllm_python(None)
+    # a source tree: .venv-vllm at its root; by default the tree this engine was imported from
+    reason = find_vllm_python(None, tmp_path)
     assert isinstance(reason, str) and "make .venv-vllm/.installed" in reason
     venv = tmp_path / ".venv-vllm/bin/python"
     venv.parent.mkdir(parents=True)
     venv.write_text("")
-    assert find_vllm_python(None) == venv
+    assert find_vllm_python(None, tmp_path) == venv
+    here = Path(metronome_engine.__file__).resolve().parents[2] / ".venv-vllm" / "bin" / "python"
+    found = find_vllm_python(None)
+    assert found == here if here.is_file() else str(here) in str(found)
 
 
 class _FakeWorker:
@@ -187,13 +189,17 @@ class _FakeWorker:
         self.closed = True
 
 
-def test_vllm_steps_open_the_engines_contexts_and_return_vllms_own_time(monkeypatch: pytest.MonkeyPatch) -> None:
-    from metronome_engine.vllm_backend import bench
+def test_vllm_steps_open_the_engines_contexts_and_return_vllms_own_time() -> None:
+    made: list[_FakeWorker] = []
 
-    monkeypatch.setattr(bench, "TickWorker", _FakeWorker)
-    anchor = VLLMAnchor(Path("/venv/bin/python"), "smollm2-135m-instruct", max_batch=8, max_context=290)
-    worker = anchor._worker
-    assert isinstance(worker, _FakeWorker)
+    def make_worker(*args: Any) -> _FakeWorker:
+        made.append(_FakeWorker(*args))
+        return made[-1]
+
+    anchor = VLLMAnchor(
+        Path("/venv/bin/python"), "smollm2-135m-instruct", max_batch=8, max_context=290, make_worker=make_worker
+    )
+    (worker,) = made
     assert worker.python == "/venv/bin/python" and worker.env == {"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
     assert worker.spec["policy"] == "full" and worker.spec["dtype"] == "float32" and worker.spec["frame"] == 1
     # the pool holds every session at the longest context, in blocks of 32

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import subprocess
 import sys
 
@@ -129,11 +128,11 @@ def test_bench_step_refuses_the_x86_64_v3_build_on_aarch64(monkeypatch: pytest.M
     # a clear error before anything is built or timed, not a compiler's or a quiet torch run
     from metronome_bench.commands._common import select_isa
     from metronome_engine import kernels
+    from metronome_engine.cpu import CpuInfo
 
-    monkeypatch.setattr(platform, "machine", lambda: "aarch64")
     monkeypatch.delenv(kernels.ISA_ENV, raising=False)
     with pytest.raises(
         ValueError, match="--isa x86-64-v3: the x86-64-v3 build needs an x86-64 CPU, this one is aarch64"
     ):
-        select_isa("x86-64-v3")
+        select_isa("x86-64-v3", CpuInfo("aarch64"))
     assert kernels.ISA_ENV not in os.environ

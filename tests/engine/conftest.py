@@ -16,9 +16,10 @@ BUILDS = (fused_kernels.default_isa(),) if os.environ.get(fused_kernels.ISA_ENV)
 
 @pytest.fixture
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """Converted and quantized weights go to a fresh folder; the kernels are loaded first,
-    so that their build folder stays the machine's."""
+    """Converted and quantized weights go to a fresh folder (``METRONOME_CACHE``); the
+    kernels are loaded first, so that their build folder stays the machine's."""
     fused_kernels.available()
     root = tmp_path / "cache"
-    monkeypatch.setattr(paths, "cache_dir", lambda: root)
+    monkeypatch.setenv("METRONOME_CACHE", str(root))
+    assert paths.cache_dir() == root
     yield root

@@ -9,7 +9,7 @@ from metronome_engine import EngineCore, KVPolicy, SamplingParams, Stall, StepRe
 from metronome_engine.engine import Kernels
 from metronome_engine.weights import load_model
 
-from .tiny import VOCAB, tiny_engine, tiny_hf, tiny_runner
+from .tiny import VOCAB, faulty_engine, tiny_engine, tiny_hf, tiny_runner
 
 
 def test_pool_smaller_than_one_sessions_bound_is_refused() -> None:
@@ -74,23 +74,20 @@ def test_closing_sessions_returns_every_block() -> None:
     seqs = [engine.add_sequence() for _ in range(5)]
     for i in range(30):
         engine.step([StepRequest(s, [(i + s) % VOCAB]) for s in seqs])
-    assert engine.pool_stats().used_blocks > 0
+    assert engine.pool_stats().used_blocks > 0 and engine.sequence_ids() == seqs
     for s in seqs:
         engine.free_sequence(s)
         engine.free_sequence(s)  # idempotent
     assert engine.pool_stats().used_blocks == 0 and engine.pool_stats().sequences == 0
+    assert engine.sequence_ids() == []
 
 
 def test_a_failed_step_gives_back_its_reservations(kernels: Kernels) -> None:
-    engine = tiny_engine(KVPolicy.full(), num_blocks=16, block_size=4, kernels=kernels)
+    engine, model = faulty_engine(KVPolicy.full(), num_blocks=16, block_size=4, kernels=kernels)
     a = engine.add_sequence()
     engine.step([StepRequest(a, [1, 2, 3, 4])])
     before = engine.pool_stats().used_blocks
-
-    def boom(*_: object, **__: object) -> None:
-        raise RuntimeError("injected")
-
-    setattr(engine.model, "forward_fused" if kernels == "fused" else "forward", boom)
+    model.error = RuntimeError("injected")  # the step has reserved its blocks and written its K/V
     with pytest.raises(RuntimeError, match="injected"):
         engine.step([StepRequest(a, [5, 6, 7, 8, 9])])
     assert engine.pool_stats().used_blocks == before and engine.sequence_length(a) == 4

@@ -12,10 +12,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-import pytest
-
 from metronome_engine import kernels
-from metronome_engine.kernels import ISAS, get_build
+from metronome_engine.kernels import ISAS, KernelBuild, get_build
 from metronome_engine.vllm_backend import native
 
 _QUOTED_INCLUDE = re.compile(r'^\s*#\s*include\s+"([^"]+)"', re.MULTILINE)
@@ -32,21 +30,27 @@ def _compiled(sources: Iterable[Path]) -> set[Path]:
     return seen
 
 
+def _cpp(sources: Iterable[Path]) -> list[Path]:
+    return [p for p in sources if p.suffix == ".cpp"]  # what a build compiles; the rest it includes
+
+
 def test_each_build_keys_exactly_the_files_it_compiles() -> None:
-    engine_sources = [p for p in kernels._SOURCES if p.suffix == ".cpp"]
-    assert _compiled(engine_sources) == {p.resolve() for p in kernels._SOURCES}
-    assert _compiled([native._SOURCE]) == {p.resolve() for p in native._KEYED}
+    engine, vllm = get_build(), native.SinkWindowBuild()
+    assert _compiled(_cpp(engine.sources)) == {p.resolve() for p in engine.sources}
+    assert _compiled(_cpp(vllm.sources)) == {p.resolve() for p in vllm.sources}
+    assert engine.sources == kernels.SOURCES and vllm.sources == native.SOURCES
 
 
-def test_an_edited_shared_header_moves_both_builds_to_new_folders(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_an_edited_shared_header_moves_both_builds_to_new_folders(tmp_path: Path) -> None:
     header = Path(kernels.__file__).with_name("vector16.h")
-    assert header in kernels._SOURCES and header in native._KEYED
-    before = [get_build(isa).build_dir() for isa in ISAS] + [native._build_dir()]
+    assert header in kernels.SOURCES and header in native.SOURCES
     edited = tmp_path / header.name
     edited.write_bytes(header.read_bytes() + b"\n// edited\n")
-    monkeypatch.setattr(kernels, "_SOURCES", [edited if p == header else p for p in kernels._SOURCES])
-    monkeypatch.setattr(native, "_KEYED", tuple(edited if p == header else p for p in native._KEYED))
-    after = [get_build(isa).build_dir() for isa in ISAS] + [native._build_dir()]
+
+    def with_edit(sources: tuple[Path, ...]) -> tuple[Path, ...]:
+        return tuple(edited if p == header else p for p in sources)
+
+    before = [get_build(isa).build_dir() for isa in ISAS] + [native.SinkWindowBuild().build_dir()]
+    after = [KernelBuild(isa, sources=with_edit(kernels.SOURCES)).build_dir() for isa in ISAS]
+    after.append(native.SinkWindowBuild(sources=with_edit(native.SOURCES)).build_dir())
     assert all(a != b and a.parent == b.parent for a, b in zip(after, before, strict=True))

@@ -1,33 +1,30 @@
-"""The kernels' build on a CPU this machine is not: aarch64, mocked (``platform.machine``,
-``/proc/cpuinfo`` and a compiler that fails as a cross one would).
+"""The kernels' build on a CPU this machine is not: aarch64 and other x86-64 CPUs, given to
+the builds as a ``CpuInfo`` (an architecture and a /proc/cpuinfo), with a compiler that fails
+as a cross one would (``CXX``: ``tests/support/compiler.py``).
 
 No aarch64 machine has run the kernels: ``scripts/check_aarch64_build.py`` cross-compiles
 them (a slow test here runs it, skipped where the cross compiler is absent),
 ``scripts/aarch64_emulated/run.sh`` runs them under qemu (by hand: it needs root and a
 430 MB wheel), the ``generic`` build runs their plain paths on any machine
 (test_fused_kernels.py, test_groups.py), and this module checks what the Python around the build does there:
-the flags, the cache key, the builds it offers, and the fall-back to torch.
+the flags, the cache key, the builds it offers, and what a failed build says.
 """
 
 from __future__ import annotations
 
 import logging
-import platform
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
-from typing import Any
 
 import pytest
-import torch.utils.cpp_extension
 
-from metronome_engine import KVPolicy, StepRequest, cpu, kernels, paths
+from metronome_engine import cpu, kernels
+from metronome_engine.cpu import CpuInfo
 from metronome_engine.kernels import KernelBuild, KernelBuildError
 from metronome_engine.vllm_backend import native
-
-from .tiny import tiny_engine
+from tests.support import FailingCompiler
 
 # the first CPU of a Neoverse-N1 (Graviton2) and of a Neoverse-V1 (Graviton3: SVE)
 _N1 = """processor\t: 0
@@ -49,55 +46,24 @@ _ROOT = Path(__file__).parents[2]
 _SCRIPT = _ROOT / "scripts" / "check_aarch64_build.py"
 
 
-class _Compiler:
-    """``cpp_extension.load`` as a compiler that cannot build here: it records each call and fails."""
-
-    def __init__(self) -> None:
-        self.calls: list[dict[str, Any]] = []
-
-    def __call__(self, **kwargs: Any) -> None:
-        self.calls.append(kwargs)
-        raise RuntimeError("Error building extension 'metronome_kernels': c++: error: unknown value 'native' for -mcpu")
-
-
 @pytest.fixture
-def fake_cpu(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Callable[[str, str], None]:
-    """This process as a machine of the architecture and /proc/cpuinfo the test gives; the
-    kernel builds are fresh objects whose folders go under tmp_path."""
-    cpuinfo = tmp_path / "cpuinfo"
-    monkeypatch.setattr(kernels, "_CPUINFO", cpuinfo)
-    monkeypatch.setattr(cpu, "_CPUINFO", cpuinfo)
-    monkeypatch.setattr(paths, "cache_dir", lambda: tmp_path / "cache")
-    for isa in kernels.ISAS:
-        monkeypatch.setitem(kernels._builds, isa, KernelBuild(isa))
-    monkeypatch.delenv(kernels.ISA_ENV, raising=False)
-
-    def become(machine: str, text: str) -> None:
-        monkeypatch.setattr(platform, "machine", lambda: machine)
-        cpuinfo.write_text(text)
-
-    return become
-
-
-@pytest.fixture
-def aarch64(fake_cpu: Callable[[str, str], None]) -> Callable[[str], None]:
-    """This process as an aarch64 machine (a Neoverse-N1 unless the test writes another cpuinfo)."""
-    fake_cpu("aarch64", _N1)
-    return lambda text: fake_cpu("aarch64", text)
-
-
-@pytest.fixture
-def compiler(monkeypatch: pytest.MonkeyPatch) -> _Compiler:
-    fake = _Compiler()
-    monkeypatch.setattr(torch.utils.cpp_extension, "load", fake)
+def compiler(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> FailingCompiler:
+    """Builds go to a fresh cache (``METRONOME_CACHE``) and are compiled by a compiler that fails."""
+    fake = FailingCompiler(tmp_path / "bin")
+    monkeypatch.setenv("CXX", str(fake.path))
+    monkeypatch.setenv("METRONOME_CACHE", str(tmp_path / "cache"))
     return fake
 
 
-def test_aarch64_builds_pass_no_x86_flag(aarch64: Callable[[str], None]) -> None:
-    assert kernels.runnable_isas() == ("native", "generic")
-    native_flags, generic_flags = KernelBuild("native").cflags(), KernelBuild("generic").cflags()
+N1 = CpuInfo("aarch64", _N1)
+
+
+def test_aarch64_builds_pass_no_x86_flag() -> None:
+    assert kernels.runnable_isas(N1) == ("native", "generic")
+    native_flags, generic_flags = KernelBuild("native", cpu=N1).cflags(), KernelBuild("generic", cpu=N1).cflags()
     assert "-mcpu=native" in native_flags and "-march=armv8-a" in generic_flags
-    for flags in (native_flags, generic_flags, native._cflags()):
+    vllm_flags = native.SinkWindowBuild(KernelBuild("native", cpu=N1)).cflags()
+    for flags in (native_flags, generic_flags, vllm_flags):
         assert not [f for f in flags if "x86" in f or "vector-width" in f or f == "-march=native"], flags
 
 
@@ -106,11 +72,11 @@ def test_vllms_kernel_takes_the_flags_of_the_build_engines_use(monkeypatch: pyte
     for isa in kernels.runnable_isas():
         monkeypatch.setenv(kernels.ISA_ENV, isa)
         engine_flags = KernelBuild(isa).cflags()
-        assert native._cflags() == [f for f in engine_flags if not f.startswith("-DMETRONOME_OPS=")]
+        assert native.SinkWindowBuild().cflags() == [f for f in engine_flags if not f.startswith("-DMETRONOME_OPS=")]
     keys = set()
     for isa in kernels.runnable_isas():
         monkeypatch.setenv(kernels.ISA_ENV, isa)
-        keys.add(native._build_dir())
+        keys.add(native.SinkWindowBuild().build_dir())
     assert len(keys) == len(kernels.runnable_isas())
 
 
@@ -128,21 +94,20 @@ def test_vllms_kernel_takes_the_flags_of_the_build_engines_use(monkeypatch: pyte
     ids=["x86-64-v3-on-aarch64", "x86-64-v4-on-avx2"],
 )
 def test_a_build_the_cpu_cannot_run_is_refused_before_any_compiler(
-    fake_cpu: Callable[[str, str], None],
-    compiler: _Compiler,
+    compiler: FailingCompiler,
     monkeypatch: pytest.MonkeyPatch,
     machine: str,
     text: str,
     isa: kernels.Isa,
     said: str,
 ) -> None:
-    fake_cpu(machine, text)
-    assert kernels.cannot_run(isa) == said
+    info = CpuInfo(machine, text)
+    assert kernels.cannot_run(isa, info) == said
     with pytest.raises(KernelBuildError, match=said):
-        kernels.get_build(isa).load()
+        KernelBuild(isa, cpu=info).load()
     monkeypatch.setenv(kernels.ISA_ENV, isa)
     with pytest.raises(ValueError, match=f"METRONOME_KERNELS_ISA={isa}: {said}; unset it or use native"):
-        kernels.default_isa()
+        kernels.default_isa(info)
     assert compiler.calls == []
 
 
@@ -155,12 +120,10 @@ def test_a_build_the_cpu_cannot_run_is_refused_before_any_compiler(
     ],
     ids=["avx2", "avx512", "avx512+amx"],
 )
-def test_each_x86_cpu_offers_the_builds_it_can_run(
-    fake_cpu: Callable[[str, str], None], flags: str, builds: tuple[str, ...], vector: set[str]
-) -> None:
-    fake_cpu("x86_64", flags)
-    assert kernels.runnable_isas() == builds
-    assert {name for name, has in cpu.vector_flags().items() if has} == vector
+def test_each_x86_cpu_offers_the_builds_it_can_run(flags: str, builds: tuple[str, ...], vector: set[str]) -> None:
+    info = CpuInfo("x86_64", flags)
+    assert kernels.runnable_isas(info) == builds
+    assert {name for name, has in cpu.vector_flags(info).items() if has} == vector
 
 
 def test_x86_64_v4_is_avx512_without_tiles_with_its_libraries_held_to_it() -> None:
@@ -176,51 +139,51 @@ def test_x86_64_v4_is_avx512_without_tiles_with_its_libraries_held_to_it() -> No
     assert kernels.held_env("x86-64-v3")["ONEDNN_MAX_CPU_ISA"] == "AVX2" and kernels.held_env("native") == {}
 
 
-def test_an_unknown_architecture_is_refused_by_name(
-    aarch64: Callable[[str], None], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(platform, "machine", lambda: "riscv64")
-    assert kernels.runnable_isas() == ()
+def test_an_unknown_architecture_is_refused_by_name(compiler: FailingCompiler) -> None:
+    riscv = CpuInfo("riscv64")
+    assert kernels.runnable_isas(riscv) == ()
     with pytest.raises(KernelBuildError, match="built for x86-64 and aarch64 only, this CPU is riscv64"):
-        kernels.get_build("native").load()
+        KernelBuild("native", cpu=riscv).load()
+    assert compiler.calls == []
 
 
-def test_the_cache_key_tells_arm_cores_apart(aarch64: Callable[[str], None]) -> None:
+def test_the_cache_key_tells_arm_cores_apart() -> None:
     # a native build for a core with SVE must not load on one without it (a shared home folder)
-    n1 = [kernels.get_build(isa).build_dir() for isa in ("native", "generic")] + [native._build_dir()]
-    aarch64(_V1)
-    v1 = [kernels.get_build(isa).build_dir() for isa in ("native", "generic")] + [native._build_dir()]
-    assert not set(n1) & set(v1) and len(set(n1)) == 3
-    assert "Features" in kernels._cpu_flags() and "0xd40" in kernels._cpu_flags()
+    def folders(info: CpuInfo) -> list[Path]:
+        builds = [KernelBuild(isa, cpu=info) for isa in ("native", "generic")]
+        return [b.build_dir() for b in builds] + [native.SinkWindowBuild(builds[0]).build_dir()]
+
+    v1 = CpuInfo("aarch64", _V1)
+    n1, later = folders(N1), folders(v1)
+    assert not set(n1) & set(later) and len(set(n1)) == 3
+    assert "Features" in v1.key and "0xd40" in v1.key
 
 
-def test_where_the_build_fails_auto_runs_torch_and_says_why(
-    aarch64: Callable[[str], None], compiler: _Compiler, caplog: pytest.LogCaptureFixture
+def test_where_the_build_fails_it_says_why_once_and_keeps_the_failure(
+    compiler: FailingCompiler, caplog: pytest.LogCaptureFixture
 ) -> None:
+    # what kernels="auto" meets on such a machine (it then runs torch: test_fused_kernels.py)
+    build = KernelBuild("native", cpu=N1)
     with caplog.at_level(logging.WARNING, logger="metronome_engine.kernels"):
-        engine = tiny_engine(KVPolicy.windowed(8, sinks=2), kernels="auto")
-    assert not engine.fused and engine.isa is None and engine.regimes is None
-    (call,) = compiler.calls  # tried once, with aarch64's flags
-    assert "-mcpu=native" in call["extra_cflags"]
+        assert not build.available()
+    assert compiler.calls and all("-mcpu=native" in call for call in compiler.calls)  # aarch64's flags
     assert "fused CPU kernels (native) unavailable" in caplog.text and "unknown value 'native'" in caplog.text
-    out = engine.step([StepRequest(engine.add_sequence(), [1, 2, 3])])[0]
-    assert out.ok and out.token is not None
+    tried = len(compiler.calls)
+    caplog.clear()
+    assert not build.available()
     with pytest.raises(KernelBuildError, match="unknown value 'native' for -mcpu"):
-        tiny_engine(KVPolicy.full(), kernels="fused")
-    assert len(compiler.calls) == 1  # the failure is kept: not a compile per engine
+        build.load()
+    assert len(compiler.calls) == tried and "unavailable" not in caplog.text  # kept: not a compile per engine
 
 
-def test_where_vllms_kernel_fails_to_build_its_backend_is_told(
-    aarch64: Callable[[str], None],
-    compiler: _Compiler,
-    monkeypatch: pytest.MonkeyPatch,
-    caplog: pytest.LogCaptureFixture,
+def test_where_vllms_kernel_fails_to_build_it_says_so(
+    compiler: FailingCompiler, caplog: pytest.LogCaptureFixture
 ) -> None:
-    monkeypatch.setattr(native, "_loaded", None)
+    build = native.SinkWindowBuild(KernelBuild("native", cpu=N1))
     with caplog.at_level(logging.WARNING, logger=native.__name__):
-        assert native.available() is False
-    (call,) = compiler.calls
-    assert "-mcpu=native" in call["extra_cflags"] and "using the torch pass" in caplog.text
+        assert build.available() is False
+    assert compiler.calls and all("-mcpu=native" in call for call in compiler.calls)
+    assert "using the torch pass" in caplog.text
 
 
 @pytest.mark.slow

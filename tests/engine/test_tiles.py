@@ -167,7 +167,7 @@ def test_blocks_that_differ_from_the_weights_leave_float32_weights(caplog: pytes
         assert not model.pack_weights()
     assert not model.packed and not model.tiles
     assert "differ from the loaded weights" in caplog.text
-    assert model._layers()[0].qkv.dtype == torch.float32
+    assert model.layers[0].qkv.dtype == torch.float32
 
 
 @needs_tiles

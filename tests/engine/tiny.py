@@ -109,6 +109,37 @@ def tiny_engine(
     )
 
 
+class FaultyHead(LlamaModel):
+    """A model whose head goes wrong as a bad kernel or a bit flip would, after the forward pass
+    has written the step's K/V: once ``fault`` is ``(row, column, value)``, that logit of every
+    step comes out as ``value``; once ``error`` is set, the head raises it."""
+
+    fault: tuple[int, int, float] | None = None
+    error: BaseException | None = None
+
+    @torch.inference_mode()
+    def logits(self, hidden: torch.Tensor, ops: Any = None) -> torch.Tensor:
+        if self.error is not None:
+            raise self.error
+        out = super().logits(hidden, ops)
+        if self.fault is None:
+            return out
+        row, column, value = self.fault
+        out = out.clone()
+        out[row, column] = value
+        return out
+
+
+def faulty_engine(
+    policy: KVPolicy, *, num_blocks: int = 256, block_size: int = 4, kernels: Kernels = "auto"
+) -> tuple[EngineCore, FaultyHead]:
+    """``tiny_engine``'s engine on a ``FaultyHead`` of the same weights, and that model."""
+    hf = tiny_hf(0)
+    model = FaultyHead(ModelConfig.from_hf(hf.config.to_dict()))
+    model.load_hf_state_dict(hf.state_dict())
+    return EngineCore(model, policy=policy, num_blocks=num_blocks, block_size=block_size, kernels=kernels), model
+
+
 def scripted_logits(engine: EngineCore, seed: int = 4) -> torch.Tensor:
     """Every logit row of three sessions through 18 steps of mixed prefill chunks and
     decodes (random tokens, ``seed``): what two engines on the same weights must agree on."""

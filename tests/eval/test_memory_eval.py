@@ -8,7 +8,7 @@ import pytest
 
 import metronome_bench.commands.eval_memory as eval_memory
 from metronome_bench.eval.memory import FACTS, POLICIES, build_script, run_memory_eval
-from metronome_sdk.cli import main
+from metronome_sdk.cli import build_parser, main
 from tests.engine.tiny import tiny_hf, tiny_runner
 
 from .fakes import CharTokenizer
@@ -46,13 +46,15 @@ def test_a_window_that_holds_everything_answers_as_full_does() -> None:
     assert all(check["pinned_within_noise_of_full"] for check in report.checks())
 
 
-def test_a_small_window_changes_what_is_read(
-    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
+def _on_the_tiny_model(argv: list[str]) -> int:
+    """``metronome eval memory`` as the CLI parses ``argv``, on the tiny model instead of ``--model``'s."""
     model = tiny_runner(tiny_hf(0))
-    monkeypatch.setattr(eval_memory, "_load", lambda name: (model, CharTokenizer()))
+    return eval_memory.run(build_parser().parse_args(argv), load=lambda name: (model, CharTokenizer()))
+
+
+def test_a_small_window_changes_what_is_read(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["eval", "memory", "--fillers", "0,3", "--trials", "2", "--window", "48", "--json"]
-    assert main(argv) == 0
+    assert _on_the_tiny_model(argv) == 0
     data = json.loads(capsys.readouterr().out)
     assert {(c["policy"], c["n_filler"]) for c in data["cells"]} == {(p, n) for p in POLICIES for n in (0, 3)}
     cell = data["cells"][0]
@@ -65,5 +67,5 @@ def test_a_small_window_changes_what_is_read(
     assert main(["eval", "memory", "--trials", "0"]) == 2
     with pytest.raises(SystemExit):
         main(["eval", "memory", "--fillers", "a"])
-    main(["eval", "memory", "--fillers", "1", "--trials", "1", "--window", "48"])  # the table
+    _on_the_tiny_model(["eval", "memory", "--fillers", "1", "--trials", "1", "--window", "48"])  # the table
     assert "system facts" in capsys.readouterr().out

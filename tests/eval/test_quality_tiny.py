@@ -12,7 +12,7 @@ import metronome_bench.commands.eval_quality as eval_quality
 from metronome_bench.eval.outputs import write_outputs
 from metronome_bench.eval.quality import QualityConfig, full_policy, run_quality
 from metronome_engine import KVPolicy
-from metronome_sdk.cli import main
+from metronome_sdk.cli import build_parser, main
 from tests.engine.tiny import tiny_hf, tiny_runner
 
 from .fakes import CharTokenizer
@@ -78,13 +78,15 @@ def test_full_context_is_capped_at_the_trained_length() -> None:
     assert capped == KVPolicy.windowed(8188, sinks=4)  # in-cache positions stay below 8192
 
 
-def test_cli_json_quick_on_the_tiny_model(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
+def _on_the_tiny_model(argv: list[str]) -> int:
+    """``metronome eval quality`` as the CLI parses ``argv``, on the tiny model instead of ``--model``'s."""
     model = tiny_runner(tiny_hf(0))
-    monkeypatch.setattr(eval_quality, "_load", lambda name: (model, CharTokenizer()))
+    return eval_quality.run(build_parser().parse_args(argv), load=lambda name: (model, CharTokenizer()))
+
+
+def test_cli_json_quick_on_the_tiny_model(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     argv = ["eval", "quality", "--quick", "--windows", "16", "--tokens", "200", "--slices", "4"]
-    assert main([*argv, "--gen-tokens", "30", "--out", str(tmp_path), "--json"]) == 0
+    assert _on_the_tiny_model([*argv, "--gen-tokens", "30", "--out", str(tmp_path), "--json"]) == 0
     data = json.loads(capsys.readouterr().out)
     assert set(data) >= {"text", "tokens", "results", "generation"}
     assert isinstance(data["text"], str) and data["tokens"] == 201
@@ -96,17 +98,13 @@ def test_cli_json_quick_on_the_tiny_model(
     assert (tmp_path / "quality.png").exists()
 
 
-def test_cli_prints_tables_and_rejects_bad_options(
-    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
-) -> None:
-    model = tiny_runner(tiny_hf(0))
-    monkeypatch.setattr(eval_quality, "_load", lambda name: (model, CharTokenizer()))
+def test_cli_prints_tables_and_rejects_bad_options(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     argv = ["eval", "quality", "--quick", "--windows", "16", "--tokens", "120", "--slices", "2", "--gen-tokens", "0"]
-    assert main([*argv, "--out", str(tmp_path)]) == 0
+    assert _on_the_tiny_model([*argv, "--out", str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "sinks*/recompute*" in out and "checks" in out and "dialog" in out
-    assert main(["eval", "quality", "--tokens", "3", "--slices", "4", "--out", str(tmp_path)]) == 2
-    assert "too few" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="too few"):  # main() prints it as one line and exits 2
+        _on_the_tiny_model(["eval", "quality", "--tokens", "3", "--slices", "4", "--out", str(tmp_path)])
     with pytest.raises(SystemExit):
         main(["eval", "quality", "--windows", "a,b"])
 

@@ -13,8 +13,7 @@ def _one_thread(one_torch_thread: None) -> None:
 
 def poison(core: EngineCore, seq_id: int) -> None:
     """Corrupt one session's state: NaN in every K/V slot it holds (a bit flip, a bad kernel)."""
-    seq = core._seqs[seq_id].kv
     bs = core.pool.block_size
-    slots = torch.tensor([pb * bs + j for _, pb in seq.resident_blocks() for j in range(bs)])
+    slots = torch.tensor([pb * bs + j for _, pb in core.resident_blocks(seq_id) for j in range(bs)])
     core.cache.k.index_fill_(2, slots, float("nan"))
     core.view.invalidate()  # the next step re-reads the rows from the pool

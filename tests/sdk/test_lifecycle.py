@@ -2,34 +2,24 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
-
 import anyio
 import pytest
 
-from metronome_engine import StepOutput, StepRequest
 from metronome_sdk import EngineClosed, EngineStalled, InputFrame, SessionClosed
 from tests.sdk.conftest import make_engine
+from tests.support import FaultyBackend
 
 pytestmark = pytest.mark.timeout(60)
 
 FRAME = InputFrame.from_tokens([21, 22, 23])
 
 
-async def test_cancelled_mid_step_closes_the_session_cleanly(monkeypatch: pytest.MonkeyPatch) -> None:
-    engine = make_engine()
+async def test_cancelled_mid_step_closes_the_session_cleanly() -> None:
+    engine = make_engine(faulty=True)
     async with engine:
         core = engine.core
-        in_step, release = threading.Event(), threading.Event()
-        real_step = core.step
-
-        def held_step(requests: Sequence[StepRequest]) -> list[StepOutput]:
-            in_step.set()
-            release.wait(10)
-            return real_step(requests)
-
-        monkeypatch.setattr(core, "step", held_step)
+        assert isinstance(core, FaultyBackend)
+        held = core.hold()  # the next step hangs until released
         opened: list[int] = []
 
         async def talk() -> None:
@@ -40,10 +30,9 @@ async def test_cancelled_mid_step_closes_the_session_cleanly(monkeypatch: pytest
 
         async with anyio.create_task_group() as tg:
             tg.start_soon(talk)
-            await anyio.to_thread.run_sync(in_step.wait, 10)  # the step is running on the worker
+            await anyio.to_thread.run_sync(held.entered.wait, 10)  # the step is running on the worker
             tg.cancel_scope.cancel()
-            release.set()
-        monkeypatch.setattr(core, "step", real_step)
+            held.release.set()
 
         assert opened
         assert engine.stats().sessions == 0

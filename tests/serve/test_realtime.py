@@ -695,15 +695,24 @@ async def test_every_event_sent_validates_against_the_openai_clients_models(engi
 
 
 class _Socket:
-    """What the transport needs of a WebSocket, recording what it sends."""
+    """What the transport needs of a WebSocket, recording what it sends: a client that sends
+    nothing and stays until ``hang_up`` is set."""
 
     closed = False
 
     def __init__(self) -> None:
         self.sent: list[dict[str, Any]] = []
+        self.hang_up = anyio.Event()
 
     async def send_json(self, event: dict[str, Any]) -> None:
         self.sent.append(event)
+
+    def __aiter__(self) -> _Socket:
+        return self
+
+    async def __anext__(self) -> object:
+        await self.hang_up.wait()
+        raise StopAsyncIteration
 
 
 async def test_tentative_user_transcripts_are_transcription_deltas_and_only_final_ones_complete(
@@ -728,14 +737,13 @@ async def test_tentative_user_transcripts_are_transcription_deltas_and_only_fina
         transport.vad.push(tone(0.5)[::3].copy())  # 24 kHz to the detector's 16 kHz, near enough: speech
         assert transport.vad.speaking
         async with anyio.create_task_group() as tg:
-            transport._tg = tg
-            await transport._observe_turn()  # speech_started: the item the speech will become
+            tg.start_soon(transport.run)  # serving the connection, as the server does, until it hangs up
+            with anyio.move_on_after(0.2):  # as the agent asks for audio: speech_started, then no frame comes
+                await transport.receive_audio()
             await transport.send_event({"type": "transcript", "role": "user", "text": "what is", "final": False})
             await transport.send_event({"type": "state", "state": "thinking"})  # no turn ended: a new item
             await transport.send_event({"type": "transcript", "role": "user", "text": "what is it", "final": True})
-            tg.cancel_scope.cancel()
-        transport._mic_in.close()  # what run() closes as the connection ends
-        transport._mic_out.close()
+            ws.hang_up.set()
     finally:
         await session.aclose()
     kinds = [e["type"] for e in ws.sent]

@@ -13,6 +13,7 @@ its dense float32 reference; and the packing rope traces whole under ``torch.com
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import fields
 from types import SimpleNamespace
 from typing import Any
@@ -25,7 +26,6 @@ from torch import Tensor
 from vllm.v1.attention.backend import AttentionCGSupport, CommonAttentionMetadata
 from vllm.v1.kv_cache_interface import KVCacheLayout
 
-from metronome_engine.vllm_backend import attention
 from metronome_engine.vllm_backend.attention import SinkIndex, token_requests, write_kv
 from metronome_engine.vllm_backend.attn_backend import SinkWindowFlashBackend, sink_index_for
 from metronome_engine.vllm_backend.positions import in_cache_positions
@@ -244,35 +244,38 @@ def test_packing_rope_traces_whole_under_torch_compile(vllm_config: Any) -> None
                 torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_sink_index_is_built_once_per_step_for_every_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+def _ops_run(run: Callable[[], object]) -> list[str]:
+    """The names of the torch ops ``run`` calls, as torch's profiler records them."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        run()
+    return [event.name for event in prof.events()]
+
+
+def test_sink_index_is_built_once_per_step_for_every_layer() -> None:
     """Three layers of one step: one index build (in the metadata), no per-layer index work in ``forward``."""
     window, sinks, block_size = 8, 4, 4
     step = make_step(5, window=window, sinks=sinks, block_size=block_size, layout=KVCacheLayout.LBNHC)
-    builds: list[int] = []
-    real = SinkIndex.build.__func__  # type: ignore[attr-defined]
-
-    def counting(cls: type[SinkIndex], *args: Any, **kwargs: Any) -> SinkIndex:
-        builds.append(1)
-        return real(cls, *args, **kwargs)  # type: ignore[no-any-return]
-
-    def no_searchsorted(*args: Any, **kwargs: Any) -> Tensor:
-        raise AssertionError("a layer recomputed which request each token belongs to")
-
-    monkeypatch.setattr(SinkIndex, "build", classmethod(counting))
     cache = step["cache"]
     write_kv(cache, step["k_new"], step["v_new"], step["slots"])
+    # building the index finds which request each token belongs to: a searchsorted
+    assert "aten::searchsorted" in _ops_run(
+        lambda: step_metadata(step, window=window, sinks=sinks, block_size=block_size)
+    )
     md = step_metadata(step, window=window, sinks=sinks, block_size=block_size)
-    assert len(builds) == 1
+    index = md.sink_index
     query = packed_query(step, window=window, sinks=sinks)
     impl = flash_impl(window, sinks)
     want = dense_want(step, window=window, sinks=sinks)
-    # the layers' forwards see no searchsorted (token -> request) and build no index
-    monkeypatch.setattr(attention.torch, "searchsorted", no_searchsorted)
-    for _ in range(3):
-        output = torch.empty(query.shape[0], HEADS, HEAD)
-        impl.forward(LAYER, query, None, None, cache, md, output)
-        torch.testing.assert_close(output, want, rtol=1e-5, atol=1e-5)
-    assert len(builds) == 1
+
+    def three_layers() -> None:
+        for _ in range(3):
+            output = torch.empty(query.shape[0], HEADS, HEAD)
+            impl.forward(LAYER, query, None, None, cache, md, output)
+            torch.testing.assert_close(output, want, rtol=1e-5, atol=1e-5)
+
+    # the layers' forwards see no searchsorted (token -> request): they build no index of their own
+    assert "aten::searchsorted" not in _ops_run(three_layers)
+    assert md.sink_index is index
 
 
 def test_sink_index_reads_each_requests_sinks_once_per_tile() -> None:

@@ -137,8 +137,8 @@ async def test_the_server_binds_loopback_by_default(tiny_engine: Engine) -> None
     assert ServerConfig().host == "127.0.0.1"
     async with tiny_server(tiny_engine) as server:
         assert server.url.startswith("http://127.0.0.1:")
-        assert server._runner is not None
-        assert [address[0] for address in server._runner.addresses] == ["127.0.0.1"]
+        assert [host for host, _ in server.addresses] == ["127.0.0.1"]
+        assert [port for _, port in server.addresses] == [server.port]
         # not reachable on another local address of this machine, if it has one
         others = {info[4][0] for info in socket.getaddrinfo(socket.gethostname(), None, socket.AF_INET)}
         for address in others - {"127.0.0.1"}:

@@ -179,14 +179,16 @@ async def test_a_vanished_client_closes_its_session_and_returns_its_blocks(tiny_
     assert tiny_engine.stats().used_blocks == 0
 
 
-def test_the_reply_track_holds_at_most_its_cap_and_drops_the_oldest_speech() -> None:
-    track = ReplyAudioTrack(sample_rate=8000, max_queued_seconds=1.0)
+async def test_the_reply_track_holds_at_most_its_cap_and_drops_the_oldest_speech() -> None:
+    track = ReplyAudioTrack(sample_rate=8000, frame_seconds=1.0, max_queued_seconds=1.0)
     first = np.full(8000, 1, dtype=np.int16)
     second = np.full(12000, 2, dtype=np.int16)
     track.enqueue(first, 8000)
     track.enqueue(second, 8000)
     assert track.queued_seconds == 1.0
     assert track.samples_dropped == 12000
-    assert (track._take(8000) == 2).all()  # what is left is the newest speech
+    frame = await track.recv()  # the first frame goes at once: all that is queued
+    assert frame.samples == 8000 and (frame.to_ndarray() == 2).all()  # what is left is the newest speech
+    assert track.queued_seconds == 0.0 and track.samples_sent == 8000
     with pytest.raises(ValueError, match="max_queued_seconds"):
         ReplyAudioTrack(max_queued_seconds=0.0)

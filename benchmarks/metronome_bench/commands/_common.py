@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 if TYPE_CHECKING:
+    from metronome_engine.cpu import CpuInfo
     from metronome_engine.kernels import Isa
 
 __all__ = ["add_common", "add_isa", "machine", "positive_float", "save_report", "select_isa", "setup_threads"]
@@ -59,15 +60,16 @@ def add_isa(p: argparse.ArgumentParser) -> None:
     )
 
 
-def select_isa(isa: Isa) -> str:
+def select_isa(isa: Isa, cpu: CpuInfo | None = None) -> str:
     """Point this process at the kernels' build ``isa``, and torch's own kernels, MKL and
     oneDNN at its vector unit (``kernels.held_env``: x86-64-v3 holds them to AVX2, x86-64-v4
     to AVX-512 without VNNI or AMX), so that the whole run is what a machine of that kind
-    runs; returns torch's CPU capability. Call it before anything computes: each library
-    reads its variable when first used."""
+    runs; returns torch's CPU capability. ``ValueError`` first where the CPU (default: this
+    one) cannot run ``isa``. Call it before anything computes: each library reads its
+    variable when first used."""
     from metronome_engine.kernels import HELD_CAPABILITY, ISA_ENV, cannot_run, held_env
 
-    why = cannot_run(isa)
+    why = cannot_run(isa, cpu)
     if why is not None:  # said here, not as a compiler's failure or a quiet fall back to torch
         raise ValueError(f"--isa {isa}: {why}")
     os.environ[ISA_ENV] = isa

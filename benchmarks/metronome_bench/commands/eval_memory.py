@@ -3,16 +3,11 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
 
 from metronome_sdk.cli import Command
 
+from ._model import Loader, load_named
 from ._output import emit_json, print_table, progress_bar
-
-if TYPE_CHECKING:
-    from metronome_engine.model import LlamaModel
-
-    from ..eval.generation import ChatTokenizer
 
 _DEFAULT_FILLERS = (0, 4, 8, 12)
 _QUICK_FILLERS = (0, 6)
@@ -44,15 +39,9 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON (with every answer)")
 
 
-def _load(model: str) -> tuple[LlamaModel, ChatTokenizer]:
-    """The model and its tokenizer (tests replace this with the tiny model)."""
-    from metronome_engine.tokenizer import Tokenizer
-    from metronome_engine.weights import load_model
-
-    return load_model(model), Tokenizer(model)
-
-
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, load: Loader = load_named) -> int:
+    """``metronome eval memory`` on parsed ``args``, on the model ``load(args.model)`` gives (by default
+    the weights and tokenizer ``--model`` names; a caller's own model with its own ``load``)."""
     from ..eval.memory import run_memory_eval
 
     fillers = args.fillers or (_QUICK_FILLERS if args.quick else _DEFAULT_FILLERS)
@@ -67,7 +56,7 @@ def _run(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    model, tokenizer = _load(args.model)
+    model, tokenizer = load(args.model)
     with progress_bar(0, "eval memory") as bar:
         bar.unit = "step"
         report = run_memory_eval(
@@ -112,5 +101,5 @@ EVAL_MEMORY = Command(
     "memory",
     "retention: facts recalled after N turns under full, window and window + pinned prompt",
     _add,
-    _run,
+    run,
 )

@@ -10,12 +10,10 @@ from typing import TYPE_CHECKING, Any
 
 from metronome_sdk.cli import Command
 
+from ._model import Loader, load_named
 from ._output import emit_json, print_table, progress_bar
 
 if TYPE_CHECKING:
-    from metronome_engine.model import LlamaModel
-
-    from ..eval.generation import ChatTokenizer
     from ..eval.quality import QualityConfig, QualityReport
 
 _PASSAGE_CHARS = (300, 600)  # a dialog turn with its passage stays under 256 tokens
@@ -50,14 +48,6 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
-def _load(model: str) -> tuple[LlamaModel, ChatTokenizer]:
-    """The model and its tokenizer (tests replace this with the tiny model)."""
-    from metronome_engine.tokenizer import Tokenizer
-    from metronome_engine.weights import load_model
-
-    return load_model(model), Tokenizer(model)
-
-
 def config_from_args(args: argparse.Namespace) -> QualityConfig:
     from ..eval.quality import QualityConfig
 
@@ -77,13 +67,15 @@ def config_from_args(args: argparse.Namespace) -> QualityConfig:
     return QualityConfig.quick(**overrides) if args.quick else QualityConfig(**overrides)
 
 
-def _run(args: argparse.Namespace) -> int:
+def run(args: argparse.Namespace, load: Loader = load_named) -> int:
+    """``metronome eval quality`` on parsed ``args``, on the model ``load(args.model)`` gives (by default
+    the weights and tokenizer ``--model`` names; a caller's own model with its own ``load``)."""
     from ..eval.corpus import iter_docstrings, stdlib_corpus
     from ..eval.outputs import write_outputs
     from ..eval.quality import run_quality
 
     cfg = config_from_args(args)
-    model, tokenizer = _load(args.model)
+    model, tokenizer = load(args.model)
     corpus = stdlib_corpus(8 * (cfg.tokens + 1))  # about 4 characters a token: twice what is needed
     stream = tokenizer.encode(corpus.text)
     if len(stream) < cfg.tokens + 1:
@@ -236,5 +228,5 @@ def _ppl_of(report: QualityReport, row: Any, w: int) -> float:
 
 
 EVAL_QUALITY = Command(
-    "eval", "quality", "sinks vs window vs full context vs the recompute oracle, on the real model", _add, _run
+    "eval", "quality", "sinks vs window vs full context vs the recompute oracle, on the real model", _add, run
 )

@@ -24,7 +24,9 @@ source with its flags (see docs/engine.md, "Platforms").
 Each build lives in ``$METRONOME_CACHE/kernels/<key>/``, where the key covers the sources,
 the flags, the torch build and the CPU, so a later start loads it in well under a second.
 The builds register different op namespaces, so one process can load them all (the tests
-do). ``METRONOME_KERNELS_ISA`` picks the build an engine uses (default ``native``);
+do). A ``KernelBuild`` made for another CPU (``KernelBuild(isa, cpu=CpuInfo(...))``) says
+the flags and the folder a build would have there; ``get_build`` gives this machine's.
+``METRONOME_KERNELS_ISA`` picks the build an engine uses (default ``native``);
 ``held_env`` gives the variables that hold torch, MKL and oneDNN to a build's vector unit
 too, so that a whole process runs what a machine of that kind runs.
 ``python -m metronome_engine.kernels [ISA ...]`` builds them ahead of time.
@@ -35,7 +37,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import platform
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,19 +45,24 @@ from typing import Any, Literal, get_args
 import torch
 
 from .. import paths
+from ..cpu import CpuInfo
 
 __all__ = [
     "ISA_ENV",
+    "SOURCES",
+    "CpuInfo",
     "Isa",
     "KernelBuild",
     "KernelBuildError",
     "available",
     "build_dir",
     "cannot_run",
+    "compile_and_load",
     "default_isa",
     "get_build",
     "held_env",
     "load",
+    "put_ninja_on_path",
     "runnable_isas",
     "tiles_available",
 ]
@@ -78,38 +84,37 @@ _SOURCE_NAMES = (
     "checks.h",
     "vector16.h",
 )
-_SOURCES = [Path(__file__).with_name(name) for name in _SOURCE_NAMES]
-_X86 = ("x86_64", "AMD64")
-_ARM = ("aarch64", "arm64")
+# every file a build compiles (the .cpp) or includes: its cache key covers them all
+SOURCES = tuple(Path(__file__).with_name(name) for name in _SOURCE_NAMES)
 
 
 class KernelBuildError(RuntimeError):
     """The fused kernels could not be compiled or loaded here (no compiler, no ninja, ...)."""
 
 
-def default_isa() -> Isa:
+def default_isa(cpu: CpuInfo | None = None) -> Isa:
     """The build engines use: ``$METRONOME_KERNELS_ISA`` or ``"native"``; ``ValueError``
-    for a name that is no build, or a build this CPU cannot run (x86-64-v3 on aarch64,
-    x86-64-v4 without AVX-512)."""
+    for a name that is no build, or a build the CPU (default: this one) cannot run
+    (x86-64-v3 on aarch64, x86-64-v4 without AVX-512)."""
     isa = os.environ.get(ISA_ENV) or "native"
     if isa not in ISAS:
         raise ValueError(f"{ISA_ENV} must be one of {', '.join(ISAS)}, got {isa!r}")
-    why = cannot_run(isa)
+    why = cannot_run(isa, cpu)
     if why is not None:
         raise ValueError(f"{ISA_ENV}={isa}: {why}; unset it or use native")
     return isa
 
 
-def cannot_run(isa: Isa) -> str | None:
-    """Why this machine cannot run the build ``isa`` (``None``: it can): said before any
-    compiler is asked, so that a wrong choice is a clear error, not a compiler's."""
-    machine = platform.machine()
-    if machine not in (*_X86, *_ARM):
-        return f"the kernels are built for x86-64 and aarch64 only, this CPU is {machine}"
+def cannot_run(isa: Isa, cpu: CpuInfo | None = None) -> str | None:
+    """Why the CPU (default: this machine's) cannot run the build ``isa`` (``None``: it can):
+    said before any compiler is asked, so that a wrong choice is a clear error, not a compiler's."""
+    cpu = cpu or CpuInfo.here()
+    if not (cpu.is_x86 or cpu.is_arm):
+        return f"the kernels are built for x86-64 and aarch64 only, this CPU is {cpu.machine}"
     if isa in _NEEDS:
-        if machine not in _X86:
-            return f"the {isa} build needs an x86-64 CPU, this one is {machine}"
-        lacks = sorted(_NEEDS[isa] - set(_cpu_flags().split()))
+        if not cpu.is_x86:
+            return f"the {isa} build needs an x86-64 CPU, this one is {cpu.machine}"
+        lacks = sorted(_NEEDS[isa] - cpu.flags)
         if lacks:
             return f"this CPU lacks {', '.join(lacks)}: it cannot run the {isa} build"
     return None
@@ -144,37 +149,21 @@ def held_env(isa: Isa) -> dict[str, str]:
     return dict(_HELD_ENV.get(isa, {}))
 
 
-def runnable_isas() -> tuple[Isa, ...]:
-    """The builds this machine can run (the ones its tests run on)."""
-    return tuple(isa for isa in ISAS if cannot_run(isa) is None)
-
-
-# the lines of /proc/cpuinfo that say what a native build may use: x86's "flags"; aarch64's
-# "Features" (SVE, dot products, ...) and which core it is, which -mcpu=native tunes for
-_CPU_KEYS = ("flags", "Features", "CPU implementer", "CPU architecture", "CPU variant", "CPU part")
-_CPUINFO = Path("/proc/cpuinfo")
-
-
-def _cpu_flags() -> str:
-    """What the cache key knows of this CPU: a build for one CPU must never load on another
-    that lacks its instructions (a home folder shared by an x86 and an ARM machine, or by
-    two ARM cores of different generations)."""
-    found: dict[str, str] = {}
-    try:
-        for line in _CPUINFO.read_text().splitlines():
-            key = line.split(":", 1)[0].strip()
-            if key in _CPU_KEYS and key not in found:  # the first CPU's
-                found[key] = line
-    except OSError:
-        pass
-    return "\n".join(found.values()) or platform.processor() or platform.machine()
+def runnable_isas(cpu: CpuInfo | None = None) -> tuple[Isa, ...]:
+    """The builds the CPU (default: this machine's) can run (the ones its tests run on)."""
+    return tuple(isa for isa in ISAS if cannot_run(isa, cpu) is None)
 
 
 @dataclass(eq=False)
 class KernelBuild:
-    """One vector-unit build of the kernels: its flags, cache folder and op namespace."""
+    """One vector-unit build of the kernels: its flags, cache folder and op namespace, for
+    ``cpu`` (default: this machine's) from ``sources`` (default: the package's ``SOURCES``).
+    Load only the process's own (``get_build``): two loaded builds of one ``isa`` would
+    register one op namespace twice."""
 
     isa: Isa
+    cpu: CpuInfo = field(default_factory=CpuInfo.here)
+    sources: tuple[Path, ...] = SOURCES
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _result: BaseException | bool | None = field(default=None, repr=False)
 
@@ -188,6 +177,7 @@ class KernelBuild:
         return getattr(torch.ops, self.namespace)
 
     def cflags(self) -> list[str]:
+        """The compiler flags of this build on its CPU."""
         # no -ffast-math: NaN must survive, the engine's fault check looks for it.
         # hidden symbols: both builds' C++ functions share names and live in one process
         flags = ["-O3", "-fopenmp", "-fno-math-errno", "-fno-trapping-math", "-fvisibility=hidden"]
@@ -196,12 +186,12 @@ class KernelBuild:
             flags.append("-march=x86-64-v3")
         elif self.isa == "x86-64-v4":
             flags += ["-march=x86-64-v4", "-mprefer-vector-width=512"]
-        elif self.isa == "generic" and platform.machine() in _X86:
+        elif self.isa == "generic" and self.cpu.is_x86:
             # the baseline x86-64 (no AVX: none of the intrinsics' paths) with aarch64's unsigned char
             flags += ["-march=x86-64", "-mtune=generic", "-funsigned-char"]
         elif self.isa == "generic":
             flags += ["-march=armv8-a", "-mtune=generic"]
-        elif platform.machine() in _X86:
+        elif self.cpu.is_x86:
             # GCC keeps to 256-bit vectors on some AVX-512 parts unless told; the kernels want 512
             flags += ["-march=native", "-mprefer-vector-width=512"]
         else:
@@ -209,9 +199,11 @@ class KernelBuild:
         return flags
 
     def build_dir(self) -> Path:
+        """Where the build goes: ``$METRONOME_CACHE/kernels/<key>``, the key covering the
+        sources, the torch build, the CPU (``CpuInfo.key``) and the flags."""
         key = hashlib.sha256()
-        parts: list[bytes] = [src.read_bytes() for src in _SOURCES]
-        parts += [torch.__version__.encode(), _cpu_flags().encode(), " ".join(self.cflags()).encode()]
+        parts: list[bytes] = [src.read_bytes() for src in self.sources]
+        parts += [torch.__version__.encode(), self.cpu.key.encode(), " ".join(self.cflags()).encode()]
         for part in parts:
             key.update(part)
         return paths.cache_dir() / "kernels" / key.hexdigest()[:16]
@@ -247,23 +239,28 @@ class KernelBuild:
         return self.available() and bool(self.ops.tiles_ready())
 
     def _build_and_load(self) -> None:
-        from torch.utils import cpp_extension
-
-        why = cannot_run(self.isa)
+        why = cannot_run(self.isa, self.cpu)
         if why is not None:
             raise RuntimeError(why)
-        _put_ninja_on_path()
-        target = self.build_dir()
-        target.mkdir(parents=True, exist_ok=True)
-        cpp_extension.load(
-            name=f"{self.namespace}_kernels",
-            sources=[str(src) for src in _SOURCES if src.suffix == ".cpp"],
-            extra_cflags=self.cflags(),
-            extra_ldflags=["-fopenmp"],
-            build_directory=str(target),
-            is_python_module=False,
-            verbose=False,
-        )
+        compile_and_load(f"{self.namespace}_kernels", self.sources, self.cflags(), self.build_dir())
+
+
+def compile_and_load(name: str, sources: tuple[Path, ...], cflags: list[str], target: Path) -> None:
+    """Compile the ``.cpp`` files among ``sources`` with ``cflags`` into ``target`` (once: a
+    later call finds the library there) and load it into this process, with torch's builder."""
+    from torch.utils import cpp_extension
+
+    put_ninja_on_path()
+    target.mkdir(parents=True, exist_ok=True)
+    cpp_extension.load(
+        name=name,
+        sources=[str(src) for src in sources if src.suffix == ".cpp"],
+        extra_cflags=cflags,
+        extra_ldflags=["-fopenmp"],
+        build_directory=str(target),
+        is_python_module=False,
+        verbose=False,
+    )
 
 
 _builds = {isa: KernelBuild(isa) for isa in ISAS}
@@ -278,6 +275,7 @@ def get_build(isa: Isa | None = None) -> KernelBuild:
 
 
 def build_dir() -> Path:
+    """Where the default build goes (``KernelBuild.build_dir``)."""
     return get_build().build_dir()
 
 
@@ -296,9 +294,9 @@ def tiles_available() -> bool:
     return get_build().tiles_available()
 
 
-def _put_ninja_on_path() -> None:
-    # torch's builder runs `ninja` from PATH; the pip package's binary is not on it when
-    # the venv is not activated
+def put_ninja_on_path() -> None:
+    """Put the ``ninja`` pip package's binary on ``PATH``: torch's builder runs ``ninja``
+    from there, and the binary is not on it when the venv is not activated."""
     try:
         import ninja  # type: ignore[import-untyped]
     except ImportError:

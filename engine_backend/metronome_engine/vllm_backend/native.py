@@ -15,76 +15,83 @@ from __future__ import annotations
 import hashlib
 import logging
 import threading
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import Tensor
 
-__all__ = ["available", "head_size_supported", "sink_window_attention", "store_kv"]
+from ..kernels import KernelBuild, compile_and_load, get_build
+from ..paths import cache_dir
+
+__all__ = ["SOURCES", "SinkWindowBuild", "available", "head_size_supported", "sink_window_attention", "store_kv"]
 
 log = logging.getLogger(__name__)
 
-_SOURCE = Path(__file__).with_name("sink_window.cpp")
 # what the cache key covers: the source and the vector helpers it shares with the engine's kernels
-_KEYED = (_SOURCE, Path(__file__).parents[1] / "kernels" / "vector16.h")
+SOURCES = (Path(__file__).with_name("sink_window.cpp"), Path(__file__).parents[1] / "kernels" / "vector16.h")
 # head sizes the kernel is instantiated for: 16 floats a vector, these many vectors
 _VECTORS = (1, 2, 3, 4, 5, 6, 7, 8, 10, 12, 16)
-_lock = threading.Lock()
-_loaded: bool | None = None
 
 
 def head_size_supported(head_size: int) -> bool:
     return head_size % 16 == 0 and head_size // 16 in _VECTORS
 
 
-def _cflags() -> list[str]:
-    """The engine kernels' flags for the build engines use (``kernels.default_isa``), less
-    their op namespace: this kernel registers its own, ``metronome_vllm``."""
-    # -fopenmp among them: at::parallel_for is inlined here and splits the work over OpenMP threads
-    from ..kernels import get_build
+@dataclass(eq=False)
+class SinkWindowBuild:
+    """The sinks + window kernel built with the flags of one build of the engine's kernels
+    (``kernels``; default: the one engines use, ``kernels.get_build()``, asked when it is
+    first needed) from ``sources`` (default ``SOURCES``: every ``.cpp`` is compiled, every
+    file keys the build). The process loads its own (``available()``); another one says
+    the flags and the folder a build would have (for another CPU or vector unit)."""
 
-    return [f for f in get_build().cflags() if not f.startswith("-DMETRONOME_OPS=")]
+    kernels: KernelBuild | None = None
+    sources: tuple[Path, ...] = SOURCES
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    _loaded: bool | None = field(default=None, repr=False)
+
+    def cflags(self) -> list[str]:
+        """The engine kernels' flags, less their op namespace: this kernel registers its own,
+        ``metronome_vllm``."""
+        # -fopenmp among them: at::parallel_for is inlined here and splits the work over OpenMP threads
+        return [f for f in self._kernels().cflags() if not f.startswith("-DMETRONOME_OPS=")]
+
+    def build_dir(self) -> Path:
+        """Where the build goes: ``$METRONOME_CACHE/kernels/vllm-<key>``, the key covering
+        the sources, the torch build, the CPU and the flags."""
+        key = hashlib.sha256()
+        for path in self.sources:
+            key.update(path.read_bytes())
+        for part in (torch.__version__, self._kernels().cpu.key, " ".join(self.cflags())):
+            key.update(part.encode())
+        return cache_dir() / "kernels" / f"vllm-{key.hexdigest()[:16]}"
+
+    def available(self) -> bool:
+        """Whether the kernel loads here (building it if needed, once); never raises."""
+        with self._lock:
+            if self._loaded is None:
+                try:
+                    self._build_and_load()
+                    self._loaded = True
+                except Exception as exc:  # a missing compiler surfaces as many different errors
+                    log.warning("the sinks + window CPU kernel is unavailable (%s): using the torch pass", exc)
+                    self._loaded = False
+            return self._loaded
+
+    def _kernels(self) -> KernelBuild:
+        return self.kernels or get_build()
+
+    def _build_and_load(self) -> None:
+        compile_and_load("metronome_vllm_kernels", self.sources, self.cflags(), self.build_dir())
 
 
-def _build_dir() -> Path:
-    from ..kernels import _cpu_flags
-    from ..paths import cache_dir
-
-    key = hashlib.sha256()
-    for path in _KEYED:
-        key.update(path.read_bytes())
-    for part in (torch.__version__, _cpu_flags(), " ".join(_cflags())):
-        key.update(part.encode())
-    return cache_dir() / "kernels" / f"vllm-{key.hexdigest()[:16]}"
+_build = SinkWindowBuild()  # the process's: one op namespace, loaded once
 
 
 def available() -> bool:
-    """Whether the kernel loads here (building it if needed, once per process); never raises."""
-    global _loaded
-    with _lock:
-        if _loaded is None:
-            try:
-                from torch.utils import cpp_extension
-
-                from ..kernels import _put_ninja_on_path
-
-                _put_ninja_on_path()
-                target = _build_dir()
-                target.mkdir(parents=True, exist_ok=True)
-                cpp_extension.load(
-                    name="metronome_vllm_kernels",
-                    sources=[str(_SOURCE)],
-                    extra_cflags=_cflags(),
-                    extra_ldflags=["-fopenmp"],
-                    build_directory=str(target),
-                    is_python_module=False,
-                    verbose=False,
-                )
-                _loaded = True
-            except Exception as exc:  # a missing compiler surfaces as many different errors
-                log.warning("the sinks + window CPU kernel is unavailable (%s): using the torch pass", exc)
-                _loaded = False
-        return _loaded
+    """Whether the process's kernel loads here (building it if needed, once per process); never raises."""
+    return _build.available()
 
 
 def sink_window_attention(

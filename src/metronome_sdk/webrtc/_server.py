@@ -192,6 +192,14 @@ class WebRTCServer:
         return f"http://{host}:{self.port if self.port is not None else self.config.port}/"
 
     @property
+    def addresses(self) -> list[tuple[str, int]]:
+        """The (host, port) of each socket the server listens on (empty when it is not listening):
+        what ``host`` bound, which ``url`` does not show when a name resolves to several."""
+        if self._runner is None:
+            return []
+        return [(str(address[0]), int(address[1])) for address in self._runner.addresses]
+
+    @property
     def peers(self) -> int:
         return len(self._peers)
 

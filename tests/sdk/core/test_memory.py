@@ -54,7 +54,8 @@ async def test_the_pinned_prompt_stays_resident_and_the_full_policy_evicts_nothi
     async with make_engine(WINDOW, num_blocks=64) as engine, engine.session(PROMPT) as s:
         for _ in range(4):
             await s.chat("hello there", max_tokens=6)
-        held = dict(engine.core.resident_blocks(s._link.state.seq_id))  # type: ignore[attr-defined, union-attr, arg-type]
+        (seq_id,) = engine.core.sequence_ids()  # type: ignore[attr-defined]
+        held = dict(engine.core.resident_blocks(seq_id))  # type: ignore[attr-defined]
         assert all(lb in held for lb in range(math.ceil(s.stats().pinned_tokens / 4)))
         assert s.stats().num_blocks <= engine.core.session_bound_blocks(pinned=s.stats().pinned_tokens)  # type: ignore[call-arg, operator]
     async with make_engine(KVPolicy.full(), num_blocks=64) as engine, engine.session(PROMPT) as s:
