@@ -27,6 +27,31 @@ def test_whisper_hears_what_piper_says() -> None:
     assert words(WhisperSTT().transcribe(pcm, rate)) == "what is the capital of france"
 
 
+def test_whisper_hears_the_same_in_its_short_window_and_in_the_full_one() -> None:
+    from metronome_sdk.voice import EspeakTTS
+
+    with PiperTTS() as tts:
+        piper = tts.synthesize("How many legs does a spider have?")
+    long_text = (
+        "My sister moved to a small town near the coast last spring. She works at the library "
+        "and walks her dog along the beach every morning. On weekends she bakes bread and sells it at the market."
+    )
+    espeak = EspeakTTS(voice="en-us", speed=160).synthesize(long_text)
+    assert espeak[0].size / espeak[1] > 10.0  # past the 10 s window: faster-whisper's own path
+    short, full = WhisperSTT(), WhisperSTT(window=30)
+    assert short.window == 10.0 and "window=10" in repr(short)
+    for stt in (short, full):
+        assert words(stt.transcribe(*piper)) == "how many legs does a spider have"
+        heard = words(stt.transcribe(*espeak))
+        assert heard.startswith("my sister moved to a small town") and heard.endswith("sells it at the market")
+
+
+def test_whisper_says_at_most_a_callers_worth_of_words_to_noise() -> None:
+    # a short window can set tiny.en repeating itself; no reply may run past 10 + 8 a second
+    noise = np.random.default_rng(0).normal(0, 3000, 32000).clip(-32768, 32767).astype(np.int16)
+    assert len(WhisperSTT().transcribe(noise, 16000).split()) <= 26
+
+
 def test_whisper_hears_nothing_in_silence() -> None:
     stt = WhisperSTT()
     assert stt.transcribe(np.zeros(0, dtype=np.int16), 16000) == ""
@@ -80,3 +105,6 @@ def test_the_voices_name_the_fix_when_a_piece_is_missing(tmp_path: object) -> No
         WhisperSTT(model="/no/such/folder")
     with pytest.raises(ValueError, match="threads"):
         WhisperSTT(threads=0)
+    for bad in (0.5, 31, True, "10", float("nan")):
+        with pytest.raises(ValueError, match="window"):
+            WhisperSTT(window=bad)  # type: ignore[arg-type]

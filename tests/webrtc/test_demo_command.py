@@ -53,3 +53,13 @@ def test_metronome_demo_names_a_port_it_cannot_take() -> None:
     assert proc.returncode == 2
     assert f"metronome: error: cannot listen on 127.0.0.1:{port}" in err
     assert "Traceback" not in err
+
+
+def test_metronome_demo_refuses_a_whisper_window_past_whispers(capsys: pytest.CaptureFixture[str]) -> None:
+    from metronome_sdk.cli import main
+
+    for bad in ("40", "0.5", "ten"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["demo", "--whisper-window", bad])
+        assert exit_.value.code == 2
+        assert "--whisper-window takes seconds in [1, 30]" in capsys.readouterr().err

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from metronome_sdk.voice import SpeechToText, TextToSpeech
 
-__all__ = ["PROMPTS", "WordErrors", "normalize", "word_errors"]
+__all__ = ["PROMPTS", "WordErrors", "measure", "measure_each", "normalize", "word_errors"]
 
 # what a caller says to a voice assistant: questions and requests, 4 to 9 words
 PROMPTS: tuple[str, ...] = (
@@ -92,22 +92,41 @@ def measure(
     on_prompt: Callable[[], None] | None = None,
 ) -> WordErrors:
     """Speak each prompt with ``voice``, transcribe it with ``recognizer``, count the word errors."""
-    (stt_name, stt), (voice_name, tts) = recognizer, voice
-    words = errors = 0
-    spoken = busy = 0.0
-    worst = ("", "")
-    worst_errors = -1
-    for prompt in prompts:
-        samples, rate = tts.synthesize(prompt)
-        start = time.perf_counter()
-        heard = stt.transcribe(samples, rate)
-        busy += time.perf_counter() - start
-        spoken += samples.size / rate
-        wrong = word_errors(prompt, heard)
-        words += len(normalize(prompt))
-        errors += wrong
-        if wrong > worst_errors:
-            worst, worst_errors = (prompt, heard), wrong
-        if on_prompt is not None:
-            on_prompt()
-    return WordErrors(stt_name, voice_name, len(prompts), words, errors, busy / spoken if spoken else 0.0, worst)
+    return measure_each([recognizer], voice, prompts, on_prompt=on_prompt)[0]
+
+
+def measure_each(
+    recognizers: Sequence[tuple[str, SpeechToText]],
+    voice: tuple[str, TextToSpeech],
+    prompts: Sequence[str] = PROMPTS,
+    *,
+    on_prompt: Callable[[], None] | None = None,
+) -> list[WordErrors]:
+    """Speak each prompt once with ``voice`` and let every recognizer hear the same take.
+
+    Piper's takes of one sentence differ from run to run; one take for all keeps their
+    comparison about the recognizers. ``on_prompt`` is called once per prompt heard.
+    """
+    voice_name, tts = voice
+    said = [(prompt, *tts.synthesize(prompt)) for prompt in prompts]
+    results = []
+    for stt_name, stt in recognizers:
+        words = errors = 0
+        spoken = busy = 0.0
+        worst = ("", "")
+        worst_errors = -1
+        for prompt, samples, rate in said:
+            start = time.perf_counter()
+            heard = stt.transcribe(samples, rate)
+            busy += time.perf_counter() - start
+            spoken += samples.size / rate
+            wrong = word_errors(prompt, heard)
+            words += len(normalize(prompt))
+            errors += wrong
+            if wrong > worst_errors:
+                worst, worst_errors = (prompt, heard), wrong
+            if on_prompt is not None:
+                on_prompt()
+        real_time = busy / spoken if spoken else 0.0
+        results.append(WordErrors(stt_name, voice_name, len(prompts), words, errors, real_time, worst))
+    return results

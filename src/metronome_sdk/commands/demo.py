@@ -40,6 +40,13 @@ def _add(p: argparse.ArgumentParser) -> None:
         default=False,
         help="end a turn at a short pause when smart-turn v3 hears the caller finished (default off)",
     )
+    p.add_argument(
+        "--whisper-window",
+        type=_window,
+        default=10.0,
+        metavar="SECONDS",
+        help="seconds of audio Whisper's encoder reads for a short utterance (default 10; 30: Whisper's full window)",
+    )
     p.add_argument("--console", action="store_true", help="run the console demo instead (no browser)")
     p.add_argument("--sessions", type=int, default=3, help="console demo: concurrent sessions (default 3)")
     p.add_argument("--tokens", type=int, default=48, help="console demo: tokens each answer may take (default 48)")
@@ -55,6 +62,16 @@ def _objective(text: str) -> float | None:
         seconds = float("nan")
     if not 0 < seconds < float("inf"):
         raise argparse.ArgumentTypeError(f"--voice-objective takes seconds > 0 or 'none', got {text!r}")
+    return seconds
+
+
+def _window(text: str) -> float:
+    try:
+        seconds = float(text)
+    except ValueError:
+        seconds = float("nan")
+    if not 1 <= seconds <= 30:
+        raise argparse.ArgumentTypeError(f"--whisper-window takes seconds in [1, 30], got {text!r}")
     return seconds
 
 
@@ -74,6 +91,7 @@ def _loopback(host: str) -> bool:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    from ..voice import WhisperSTT
     from ..webrtc import ServerConfig, WebRTCServer, demo_engine
 
     token = os.environ.get(TOKEN_ENV) or None
@@ -90,10 +108,12 @@ async def _serve(args: argparse.Namespace) -> int:
     if not _loopback(args.host) and token is None:
         print(f"warning: serving on {args.host} with no token; anyone who reaches it may talk", file=sys.stderr)
     print("loading the model and the voice ...", file=sys.stderr, flush=True)
+    stt = WhisperSTT(window=args.whisper_window)
+    await asyncio.to_thread(stt.load)
     ready = "voice demo on {url}  (open it in a browser; Ctrl-C stops)"
     with stop_on_signals() as stop:
         async with demo_engine(window=args.window, sinks=args.sinks) as engine:
-            server = WebRTCServer(engine, config)
+            server = WebRTCServer(engine, config, stt=stt)
             await serve_until(stop, server, f"{args.host}:{args.port}", ready)
     print("stopped: every peer connection and session closed", file=sys.stderr)
     return 0
