@@ -16,7 +16,7 @@ from ._extras import require
 if TYPE_CHECKING:
     import av
 
-__all__: list[str] = []  # internal: Framer, StreamResampler, level_dbfs, pcm16, resample
+__all__: list[str] = []  # internal: Framer, StreamResampler, level_dbfs, pcm16, resample, without_lead
 
 PCM16 = npt.NDArray[np.int16]
 
@@ -35,6 +35,18 @@ def level_dbfs(samples: PCM16) -> float:
         return -100.0
     rms = float(np.sqrt(np.mean(np.square(samples, dtype=np.float64)))) / 32768.0
     return max(-100.0, 20.0 * float(np.log10(max(rms, 1e-5))))
+
+
+def without_lead(samples: PCM16, sample_rate: int, *, level: int = 300, keep: float = 0.01) -> PCM16:
+    """``samples`` from ``keep`` seconds before the first one above ``level`` (all of them if none is).
+
+    A voice starts each sentence after some quiet (Piper's: 40-60 ms); before a reply's first
+    words that quiet is only latency the caller waits through.
+    """
+    loud = np.flatnonzero(np.abs(samples.astype(np.int32)) > level)
+    if loud.size == 0:
+        return samples
+    return samples[max(0, int(loud[0]) - round(keep * sample_rate)) :]
 
 
 def _av() -> Any:

@@ -11,7 +11,7 @@ import pytest
 
 from metronome_engine import KVPolicy
 from metronome_sdk import Engine, TimingConfig
-from metronome_sdk._audio import resample
+from metronome_sdk._audio import resample, without_lead
 from metronome_sdk.transports import MemoryTransport
 from metronome_sdk.voice import (
     Playback,
@@ -163,6 +163,62 @@ async def test_a_turn_ends_when_no_audio_comes_for_the_turn_gap() -> None:
     finally:
         await engine.aclose()
     assert len(_final_answers(events)) == 1
+
+
+class QuietLeadTTS(ToneTTS):
+    """Like Piper: each sentence starts after 0.1 s of near-silence (a little noise, as a voice's is)."""
+
+    def synthesize(self, text: str) -> tuple[npt.NDArray[np.int16], int]:
+        tone, rate = super().synthesize(text)
+        lead = np.random.default_rng(len(self.spoken)).integers(-40, 40, rate // 10).astype(np.int16)
+        return np.concatenate([lead, tone]), rate
+
+
+def _lead(chunk: npt.NDArray[np.int16]) -> int:
+    return int(np.flatnonzero(np.abs(chunk.astype(np.int32)) > 300)[0])
+
+
+async def test_the_first_words_of_each_reply_go_out_without_the_voices_lead_in_quiet() -> None:
+    engine = make_engine()
+    await engine.start()
+    tts = QuietLeadTTS(seconds=0.2)
+    chunks: list[npt.NDArray[np.int16]] = []
+    try:
+        async with engine.session("be brief") as session, MemoryTransport() as transport:
+            agent = VoiceAgent(session, transport, stt=TurnsSTT("one", "two"), tts=tts, max_reply_tokens=6)
+
+            async def collect() -> None:
+                async for chunk in transport.audio():
+                    chunks.append(chunk)
+
+            async def script(events: list[dict[str, object]]) -> None:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(collect)
+                    for answers in (1, 2):
+                        await transport.push_audio(np.concatenate([_tone(0.6), np.zeros(RATE, dtype=np.int16)]), RATE)
+                        with anyio.fail_after(30):
+                            while len(_final_answers(events)) < answers or agent.unspoken:
+                                await anyio.sleep(0.05)
+                    transport.hang_up()
+
+            await _talk(agent, transport, script)
+    finally:
+        await engine.aclose()
+    # the test model's replies are one part each (no clause ends); the voice speaks at the transport's 16 kHz
+    assert len(tts.spoken) == len(chunks) == 2
+    assert [_lead(c) for c in chunks] == [round(0.01 * RATE)] * 2  # 10 ms of the 100 ms quiet kept
+    assert all(round(0.2 * RATE) < c.size <= round(0.21 * RATE) for c in chunks)  # all of the words went out
+
+
+def test_without_lead_keeps_what_has_no_quiet_to_drop() -> None:
+    quiet = np.full(800, 20, dtype=np.int16)
+    assert without_lead(quiet, RATE) is quiet  # no words at all: nothing is cut
+    loud = _tone(0.1)
+    loud[0] = 1000
+    assert without_lead(loud, RATE).size == loud.size  # words from the first sample
+    both = np.concatenate([np.zeros(RATE // 20, dtype=np.int16), loud])
+    assert without_lead(both, RATE).size == loud.size + RATE // 100
+    assert without_lead(both, RATE, keep=0.0).size == loud.size
 
 
 async def test_barge_in_cuts_the_reply_and_the_next_answer_is_to_the_new_turn() -> None:

@@ -22,7 +22,7 @@ import anyio.abc
 import numpy as np
 import numpy.typing as npt
 
-from .._audio import pcm16, resample
+from .._audio import pcm16, resample, without_lead
 from .._exceptions import MetronomeError, Overloaded, SessionBroken, SessionClosed, TurnInterrupted
 from .._frames import OutputFrame
 from .._log import get_logger
@@ -611,9 +611,11 @@ class VoiceAgent:
             return
         if not samples.size or turn.number <= self._cut:  # cut while it was being synthesized
             return
-        if math.isnan(turn.synthesized_at):
+        pcm = pcm16(samples)
+        if math.isnan(turn.synthesized_at):  # the reply's first words: the voice's lead-in quiet only delays them
             turn.synthesized_at = time.monotonic()
-        await self.transport.send_audio(pcm16(samples), rate)
+            pcm = without_lead(pcm, rate)
+        await self.transport.send_audio(pcm, rate)
         if math.isnan(turn.first_synthesis_at):
             turn.first_synthesis_at = now = time.monotonic()
             latency = TurnLatency(
