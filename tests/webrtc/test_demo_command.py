@@ -63,3 +63,10 @@ def test_metronome_demo_refuses_a_whisper_window_past_whispers(capsys: pytest.Ca
             main(["demo", "--whisper-window", bad])
         assert exit_.value.code == 2
         assert "--whisper-window takes seconds in [1, 30]" in capsys.readouterr().err
+
+
+def test_metronome_demo_refuses_a_frame_of_no_tokens(capsys: pytest.CaptureFixture[str]) -> None:
+    from metronome_sdk.cli import main
+
+    assert main(["demo", "--decode-tokens", "0"]) == 2  # refused before any model loads
+    assert "decode_tokens must be an int >= 1, got 0" in capsys.readouterr().err

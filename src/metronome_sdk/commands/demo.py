@@ -47,6 +47,13 @@ def _add(p: argparse.ArgumentParser) -> None:
         metavar="SECONDS",
         help="seconds of audio Whisper's encoder reads for a short utterance (default 10; 30: Whisper's full window)",
     )
+    p.add_argument(
+        "--decode-tokens",
+        type=int,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="tokens each output frame of a caller's session may carry, where the tick has room (default 4)",
+    )
     p.add_argument("--console", action="store_true", help="run the console demo instead (no browser)")
     p.add_argument("--sessions", type=int, default=3, help="console demo: concurrent sessions (default 3)")
     p.add_argument("--tokens", type=int, default=48, help="console demo: tokens each answer may take (default 48)")
@@ -95,7 +102,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from ..webrtc import ServerConfig, WebRTCServer, demo_engine
 
     token = os.environ.get(TOKEN_ENV) or None
-    given = {"voice_objective": args.voice_objective} if hasattr(args, "voice_objective") else {}
+    given = {name: getattr(args, name) for name in ("voice_objective", "decode_tokens") if hasattr(args, name)}
     config = ServerConfig(
         host=args.host,
         port=args.port,
