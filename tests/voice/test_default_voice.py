@@ -46,6 +46,17 @@ def test_whisper_hears_the_same_in_its_short_window_and_in_the_full_one() -> Non
         assert heard.startswith("my sister moved to a small town") and heard.endswith("sells it at the market")
 
 
+def test_the_servers_default_voice_reads_the_window_it_is_given() -> None:
+    from metronome_sdk.voice import EspeakTTS
+    from metronome_sdk.voice._default import load_voice
+
+    voice = EspeakTTS(voice="en-us")
+    started: list[PiperTTS] = []
+    stt, tts = load_voice(None, voice, started, whisper_window=30)
+    assert isinstance(stt, WhisperSTT) and stt.window == 30.0
+    assert tts is voice and started == []  # the voice given is used, and no Piper was started
+
+
 def test_whisper_says_at_most_a_callers_worth_of_words_to_noise() -> None:
     # a short window can set tiny.en repeating itself; no reply may run past 10 + 8 a second
     noise = np.random.default_rng(0).normal(0, 3000, 32000).clip(-32768, 32767).astype(np.int16)

@@ -162,3 +162,7 @@ def test_server_config_checks_its_fields_and_hides_the_token() -> None:
         ServerConfig(max_peers=0)
     with pytest.raises(ValueError, match="media_timeout"):
         ServerConfig(media_timeout=float("inf"))
+    assert ServerConfig().whisper_window == 10.0
+    for bad in (0.5, 31, True):
+        with pytest.raises(ValueError, match=r"window must be seconds in \[1, 30\]"):
+            ServerConfig(whisper_window=bad)

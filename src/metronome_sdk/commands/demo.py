@@ -43,7 +43,7 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--whisper-window",
         type=_window,
-        default=10.0,
+        default=argparse.SUPPRESS,
         metavar="SECONDS",
         help="seconds of audio Whisper's encoder reads for a short utterance (default 10; 30: Whisper's full window)",
     )
@@ -73,13 +73,14 @@ def _objective(text: str) -> float | None:
 
 
 def _window(text: str) -> float:
+    from ..voice._whisper import FULL_WINDOW, check_window
+
     try:
-        seconds = float(text)
+        return check_window(float(text))
     except ValueError:
-        seconds = float("nan")
-    if not 1 <= seconds <= 30:
-        raise argparse.ArgumentTypeError(f"--whisper-window takes seconds in [1, 30], got {text!r}")
-    return seconds
+        raise argparse.ArgumentTypeError(
+            f"--whisper-window takes seconds in [1, {FULL_WINDOW:g}], got {text!r}"
+        ) from None
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -98,11 +99,11 @@ def _loopback(host: str) -> bool:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from ..voice import WhisperSTT
     from ..webrtc import ServerConfig, WebRTCServer, demo_engine
 
     token = os.environ.get(TOKEN_ENV) or None
-    given = {name: getattr(args, name) for name in ("voice_objective", "decode_tokens") if hasattr(args, name)}
+    optional = ("voice_objective", "decode_tokens", "whisper_window")
+    given = {name: getattr(args, name) for name in optional if hasattr(args, name)}
     config = ServerConfig(
         host=args.host,
         port=args.port,
@@ -115,12 +116,10 @@ async def _serve(args: argparse.Namespace) -> int:
     if not _loopback(args.host) and token is None:
         print(f"warning: serving on {args.host} with no token; anyone who reaches it may talk", file=sys.stderr)
     print("loading the model and the voice ...", file=sys.stderr, flush=True)
-    stt = WhisperSTT(window=args.whisper_window)
-    await asyncio.to_thread(stt.load)
     ready = "voice demo on {url}  (open it in a browser; Ctrl-C stops)"
     with stop_on_signals() as stop:
         async with demo_engine(window=args.window, sinks=args.sinks) as engine:
-            server = WebRTCServer(engine, config, stt=stt)
+            server = WebRTCServer(engine, config)
             await serve_until(stop, server, f"{args.host}:{args.port}", ready)
     print("stopped: every peer connection and session closed", file=sys.stderr)
     return 0

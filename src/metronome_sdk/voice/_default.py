@@ -4,18 +4,23 @@ from __future__ import annotations
 
 from ._piper import PiperTTS
 from ._protocols import SpeechToText, TextToSpeech
-from ._whisper import WhisperSTT
+from ._whisper import DEFAULT_WINDOW, WhisperSTT
 
 __all__: list[str] = []  # internal: load_voice, for the WebRTC server and `metronome serve`
 
 
 def load_voice(
-    stt: SpeechToText | None, tts: TextToSpeech | None, started: list[PiperTTS]
+    stt: SpeechToText | None,
+    tts: TextToSpeech | None,
+    started: list[PiperTTS],
+    *,
+    whisper_window: float = DEFAULT_WINDOW,
 ) -> tuple[SpeechToText, TextToSpeech]:
-    """``stt`` and ``tts``, each loaded by default where ``None``; a Piper voice started here goes in
-    ``started``, for its owner to close (its own process). Blocking: call it on a worker thread."""
+    """``stt`` and ``tts``, each loaded by default where ``None`` (Whisper reading ``whisper_window``
+    seconds); a Piper voice started here goes in ``started``, for its owner to close (its own
+    process). Blocking: call it on a worker thread."""
     if stt is None:
-        whisper = WhisperSTT()
+        whisper = WhisperSTT(window=whisper_window)
         whisper.load()
         stt = whisper
     if tts is None:

@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from ..voice._admission import DEFAULT_OBJECTIVE
+from ..voice._whisper import DEFAULT_WINDOW, check_window
 
 __all__: list[str] = []  # internal: ServerConfig and DEFAULT_PROMPT, exported by metronome_sdk.webrtc
 
@@ -37,6 +38,8 @@ class ServerConfig:
     ``early_transcribe`` (on): the agent transcribes what the caller said so far at each short
     pause, so a turn that ends there has its transcript (nearly) ready (``VoiceAgent``); ``smart_turn``:
     smart-turn v3 (``SmartTurn``) ends a turn at such a pause when the caller sounds finished.
+    ``whisper_window``: the seconds of audio the default voice's Whisper reads for a short
+    utterance (``WhisperSTT(window=...)``: 10; 30 is Whisper's full window).
     ``voice_objective``: the default voice agent's callers are admitted only while each can
     still hear its first reply audio within that many seconds of the end of its speech (p95,
     ``VoiceAdmission``: 1.5 s, the upper end of what local CPU pipelines reach); a lone
@@ -59,6 +62,7 @@ class ServerConfig:
     decode_tokens: int = 4
     early_transcribe: bool = True
     smart_turn: bool = False
+    whisper_window: float = DEFAULT_WINDOW
     demo_page: bool = True
     voice_objective: float | None = DEFAULT_OBJECTIVE
 
@@ -73,6 +77,7 @@ class ServerConfig:
             raise ValueError(f"max_body must be an int >= 1024 bytes, got {self.max_body!r}; try 65536")
         if isinstance(self.decode_tokens, bool) or not isinstance(self.decode_tokens, int) or self.decode_tokens < 1:
             raise ValueError(f"decode_tokens must be an int >= 1, got {self.decode_tokens!r}; try 4")
+        check_window(self.whisper_window)
         for name in ("max_buffered", "offers_per_client"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

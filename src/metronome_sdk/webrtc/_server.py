@@ -173,7 +173,9 @@ class WebRTCServer:
         self._log.info("webrtc.listening", url=self.url, token=self.config.token is not None)
 
     def _load_voice(self) -> None:
-        self._stt, self._tts = load_voice(self._stt, self._tts, self._own_voice)
+        self._stt, self._tts = load_voice(
+            self._stt, self._tts, self._own_voice, whisper_window=self.config.whisper_window
+        )
         if self.config.smart_turn and self._turn_model is None:
             model = SmartTurn()
             model.load()
