@@ -50,7 +50,7 @@ class WhisperSTT:
     with a second to spare (10 by default; up to 30). Whisper was trained on 30 s windows,
     but its encoder cost grows with the window and tiny.en hears a short utterance in a 10 s
     window as well as in 30 s (``metronome eval voice --recognizers whisper,whisper-30s``)
-    in about a fifth of the time. Longer utterances, and ``window=30``, take faster-whisper's
+    in about a quarter of the time. Longer utterances, and ``window=30``, take faster-whisper's
     own 30 s path.
     """
 
@@ -109,7 +109,7 @@ class WhisperSTT:
         audio = pcm.astype(np.float32) / 32768.0
         with self._lock:
             whisper = self._load()
-            if audio.size + self.sample_rate <= self.window * self.sample_rate < FULL_WINDOW * self.sample_rate:
+            if self.window < FULL_WINDOW and audio.size + self.sample_rate <= self.window * self.sample_rate:
                 return self._in_window(whisper, audio)
             segments, _ = whisper.transcribe(
                 audio,
