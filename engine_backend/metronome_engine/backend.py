@@ -82,6 +82,11 @@ class EngineBackend(Protocol):
     resident beside the sinks whatever the window does; where it does, ``add_sequence`` and
     ``session_bound_blocks`` also take ``pinned=`` (a token count), as ``EngineCore``'s do.
     Where it does not, the SDK lets the prompt slide with the window and says so.
+
+    Optional: a backend whose ``rewinds`` is true can take tentative tokens back exactly
+    (``Session(rewind_tokens=...)``, ``Session.rewind``): it has ``hold(seq_id, limit)``,
+    ``release_hold(seq_id)``, ``rewind(seq_id, length) -> blocks`` and ``hold_blocks(limit)``,
+    as ``EngineCore`` does. A backend without ``rewinds`` refuses such sessions at open.
     """
 
     @property

@@ -315,6 +315,33 @@ class EngineCore:
     def pins_prefixes(self) -> bool:
         return True
 
+    # going back: tentative tokens, taken back exactly ---------------------------------------------
+
+    @property
+    def rewinds(self) -> bool:
+        """This backend can hold a session's context and go back to it (``hold``, ``rewind``)."""
+        return True
+
+    def hold_blocks(self, limit: int) -> int:
+        """Most blocks a hold of ``limit`` tokens keeps beyond a session's bound."""
+        return -(-limit // self.pool.block_size) + 1
+
+    def hold(self, seq_id: int, limit: int) -> None:
+        """Keep what session ``seq_id`` sees now resident for up to ``limit`` more tokens, so that
+        ``rewind`` can go back to it exactly; past ``limit`` the hold lapses (see ``SequenceKV``)."""
+        self._seq(seq_id).kv.hold(limit)
+
+    def release_hold(self, seq_id: int) -> None:
+        """End the session's hold: its window moves on from the next step."""
+        self._seq(seq_id).kv.release_hold()
+
+    def rewind(self, seq_id: int, length: int) -> int:
+        """Take session ``seq_id`` back to ``length`` tokens (held by ``hold``); the blocks it holds then."""
+        kv = self._seq(seq_id).kv
+        kv.rewind(length)
+        self.view.invalidate()  # its row holds the K/V of tokens that are gone
+        return kv.num_blocks
+
     def session_bound_blocks(self, chunk: int = 1, *, pinned: int = 0) -> int | None:
         """Most blocks one session (pinning ``pinned`` tokens) can hold under this policy
         (``None``: unbounded)."""

@@ -21,6 +21,7 @@ from ._exceptions import (
     LoadShed,
     MetronomeError,
     Overloaded,
+    RewindUnavailable,
     SessionBroken,
     SessionClosed,
     SessionError,
@@ -29,13 +30,14 @@ from ._exceptions import (
 )
 from ._frames import InputFrame, OutputFrame
 from ._metrics import EngineMetrics
-from ._session import Interrupted, Session
+from ._session import ContextMark, Interrupted, Session
 from ._stats import EngineStats, SessionStats, TickReport
 
 __all__ = [
     "AdmissionConfig",
     "AdmissionRejected",
     "CacheExhausted",
+    "ContextMark",
     "DeadlineMissed",
     "Engine",
     "EngineClosed",
@@ -54,6 +56,7 @@ __all__ = [
     "OutputFrame",
     "Overloaded",
     "ReliabilityConfig",
+    "RewindUnavailable",
     "SamplingParams",
     "Session",
     "SessionBroken",

@@ -27,6 +27,7 @@ import math
 import time
 from collections.abc import Callable
 from types import TracebackType
+from typing import TypeVar
 
 import anyio
 import anyio.abc
@@ -59,6 +60,8 @@ from ._log import get_logger
 from ._metrics import EngineMetrics
 from ._session import Session
 from ._stats import EngineStats, TickReport
+
+T = TypeVar("T")
 
 __all__ = ["Engine"]
 
@@ -273,6 +276,7 @@ class Engine(SessionHost, embedded=True):
             wake=self._wake_loop,
             input_refused=lambda: counters.fault(Fault.INPUT_REFUSED),
             release=self._release,
+            on_core=self._on_core,
         )
         self._shared = shared
         self._counters.limit(admitter.limit)
@@ -394,6 +398,7 @@ class Engine(SessionHost, embedded=True):
         timeout: float | None = None,
         decode_tokens: int = 1,
         pin_system_prompt: bool = True,
+        rewind_tokens: int = 0,
     ) -> Session:
         """A session on this engine, opened by ``async with`` (waits up to ``timeout`` for room)."""
         return Session(
@@ -403,6 +408,7 @@ class Engine(SessionHost, embedded=True):
             timeout=timeout,
             decode_tokens=decode_tokens,
             pin_system_prompt=pin_system_prompt,
+            rewind_tokens=rewind_tokens,
         )
 
     def try_session(
@@ -498,6 +504,14 @@ class Engine(SessionHost, embedded=True):
         assert self._door is not None
         self._door.room()
         return True
+
+    async def _on_core(self, slot: SessionState, fn: Callable[[EngineBackend], T]) -> T:
+        """``fn(core)`` on the core thread, once no tick in flight holds the session (a hold, a rewind)."""
+        loop, shared = self._loop, self._shared
+        assert loop is not None and shared is not None
+        while slot.in_tick:
+            await loop.tick_finished.wait()
+        return await self._worker.call(fn, shared.core)
 
     async def _free(self, slot: SessionState) -> None:
         loop, shared = self._loop, self._shared

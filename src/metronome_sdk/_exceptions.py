@@ -9,6 +9,7 @@
     │   └── InputQueueFull         send() found the session's input queue full; nothing was queued
     ├── DeadlineMissed             also a TimeoutError: a frame missed its deadline (strict mode)
     ├── TurnInterrupted            the frame's reply was stopped by interrupt(); nothing to deliver
+    ├── RewindUnavailable          rewind() cannot go back to the mark; the context since it stays
     ├── EngineError
     │   ├── EngineStalled          no step progress: .reason, a StallReason
     │   ├── CacheExhausted         the pool cannot hold a session's bound: a sizing error
@@ -43,6 +44,7 @@ __all__ = [
     "LoadShed",
     "MetronomeError",
     "Overloaded",
+    "RewindUnavailable",
     "SessionBroken",
     "SessionClosed",
     "SessionError",
@@ -143,6 +145,16 @@ class TurnInterrupted(MetronomeError):
     def __init__(self, message: str, *, session_id: int | None = None, index: int) -> None:
         super().__init__(message, session_id=session_id)
         self.index = index
+
+
+class RewindUnavailable(MetronomeError):
+    """``Session.rewind(mark)`` cannot go back: the session went more than ``rewind_tokens``
+    past the mark (its hold lapsed and the window moved on), or ``mark`` is not its current
+    mark. Nothing changed: the context since the mark stays, and the session goes on."""
+
+    def __init__(self, message: str, *, session_id: int | None = None, tokens_since: int) -> None:
+        super().__init__(message, session_id=session_id)
+        self.tokens_since = tokens_since
 
 
 class EngineError(MetronomeError):

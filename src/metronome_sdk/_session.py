@@ -34,13 +34,13 @@ import anyio.lowlevel
 from metronome_engine import SamplingParams
 
 from ._core.channel import ChannelState
-from ._core.link import SessionHost, SessionLink, SessionRequest
+from ._core.link import ContextMark, SessionHost, SessionLink, SessionRequest
 from ._exceptions import EngineClosed, SessionClosed, TurnInterrupted
 from ._frames import InputFrame, OutputFrame
 from ._log import get_logger
 from ._stats import SessionStats
 
-__all__ = ["Interrupted", "Session"]
+__all__ = ["ContextMark", "Interrupted", "Session"]
 
 _ids = itertools.count(1)
 MAX_DECODE_TOKENS = 64  # one frame's decode rounds are steps in one tick: more would never fit a deadline
@@ -97,6 +97,13 @@ class Session:
     tick's token budget allows, and fewer once the model ends its turn. A consumer that
     needs text faster than one token a tick (speech synthesis) sets it; it can change
     between frames (``s.decode_tokens = 4``).
+
+    ``rewind_tokens`` lets the session take tentative tokens back exactly: ``await s.mark()``,
+    then up to that many tokens appended (a turn that may not be the caller's last word, the
+    start of its answer), then ``await s.rewind(mark)`` (back to the mark, as if they had never
+    been) or ``await s.keep(mark)`` (they stay). While a mark holds, the session's window keeps
+    what it saw at the mark, so its bound grows by that many tokens' blocks (the memory guard
+    counts them); 0, the default, takes no marks.
     """
 
     def __init__(
@@ -108,7 +115,10 @@ class Session:
         timeout: float | None = None,
         decode_tokens: int = 1,
         pin_system_prompt: bool = True,
+        rewind_tokens: int = 0,
     ) -> None:
+        if isinstance(rewind_tokens, bool) or not isinstance(rewind_tokens, int) or not 0 <= rewind_tokens <= 4096:
+            raise ValueError(f"rewind_tokens must be an int in [0, 4096], got {rewind_tokens!r}; try 64 (0: no marks)")
         if not isinstance(pin_system_prompt, bool):
             raise ValueError(f"pin_system_prompt must be True or False, got {pin_system_prompt!r}")
         if system_prompt is not None and not isinstance(system_prompt, str):
@@ -122,6 +132,7 @@ class Session:
         self._sampling = sampling
         self._timeout = timeout
         self._pin_system_prompt = pin_system_prompt
+        self.rewind_tokens = rewind_tokens
         self._log = get_logger(session_id=self.id)
         self._link: SessionLink | None = None
         self._closed = False
@@ -161,6 +172,7 @@ class Session:
             log=self._log,
             pin_system_prompt=self._pin_system_prompt,
             decode_tokens=self._decode_tokens,
+            rewind_tokens=self.rewind_tokens,
         )
 
     async def open(self) -> Session:
@@ -380,6 +392,35 @@ class Session:
         text = tok.decode(list(kept)) if tok is not None and kept else ""
         self._log.info("session.interrupted", kept=len(kept), withdrawn=done.withdrawn, untrimmed=untrimmed)
         return Interrupted(kept=kept, text=text, withdrawn=done.withdrawn, trimmed=untrimmed == 0, untrimmed=untrimmed)
+
+    # tentative context ---------------------------------------------------------------------------
+
+    async def mark(self) -> ContextMark:
+        """Remember the context as it is now, to go back to it exactly with ``rewind``.
+
+        Needs ``rewind_tokens`` (``ValueError`` without), and a quiet session: no frame queued,
+        unread or in a tick, no turn still being appended. A mark replaces the last one. The
+        session goes on as usual after it; ``rewind`` can go back for as long as at most
+        ``rewind_tokens`` tokens were appended since.
+        """
+        return await self._check_open().mark()
+
+    async def rewind(self, mark: ContextMark) -> None:
+        """Go back to ``mark``: the tokens appended since it, and the turns they began, are gone.
+
+        The model then sees exactly what it saw at the mark (the KV cache the window had
+        there is held while the mark lasts), and the next output is the one it would have
+        given then (with greedy sampling; a sampled session's random stream goes on). Frames
+        queued or unread must be read or interrupted first (``ValueError``); a frame in the
+        tick now running is waited for. ``RewindUnavailable``, changing nothing, when more
+        than ``rewind_tokens`` were appended since the mark or ``mark`` is not the current
+        one. The mark still holds after it, so the session can try again from there.
+        """
+        await self._check_open().rewind(mark)
+
+    async def keep(self, mark: ContextMark) -> None:
+        """The tokens since ``mark`` stay: the mark ends, and the window moves on from the next step."""
+        await self._check_open().keep(mark)
 
     def __aiter__(self) -> Session:
         return self

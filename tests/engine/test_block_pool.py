@@ -161,3 +161,40 @@ def test_the_backend_interface_and_its_value_types_import_without_torch() -> Non
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False [5] 0.25"
+
+
+@given(
+    st.integers(1, 40),  # tokens before the hold
+    st.lists(st.integers(1, 9), min_size=1, max_size=12),  # chunks appended after it
+    st.integers(1, 48),  # the hold's limit
+)
+def test_a_hold_keeps_what_its_length_saw_within_its_bound_and_goes_back_to_it(
+    before: int, chunks: list[int], limit: int
+) -> None:
+    policy, bs = KVPolicy.windowed(8, sinks=4), 4
+    pool = BlockPool(256, block_size=bs)
+    seq = SequenceKV(0, policy, pool)
+    assert seq.reserve(before)
+    seq.commit(before)
+    resident = dict(seq.resident_blocks())
+    seq.hold(limit)
+    bound = policy.max_blocks(bs, chunk=9)
+    assert bound is not None
+    for n in chunks:
+        lapses = seq.num_tokens + n - before > limit
+        assert seq.reserve(n)
+        # never more than the bound of a chunk, plus what the hold's limit keeps
+        assert seq.num_blocks <= bound + math.ceil(limit / bs) + 1
+        seq.commit(n)
+        if lapses:
+            break
+        assert seq.held == before
+        assert all(dict(seq.resident_blocks()).get(lb) == pb for lb, pb in resident.items())  # kept as they were
+    if seq.held is None:  # lapsed: the window moved on, and there is no going back
+        with pytest.raises(ValueError, match="no hold"):
+            seq.rewind(before)
+    else:
+        seq.rewind(before)
+        assert (seq.num_tokens, dict(seq.resident_blocks())) == (before, resident)
+    seq.release()
+    assert pool.num_used == 0

@@ -72,7 +72,8 @@ class AdmissionDoor:
         system_prompt, log = request.system_prompt, request.log
         prefix = self.encoder.system(system_prompt) if system_prompt is not None else []
         memory, pinned_blocks = self._pin(channel.session_id, len(prefix), request.pin_system_prompt, log)
-        held = sum(s.pinned_blocks for s in shared.sessions.values()) + pinned_blocks
+        hold_blocks = self._hold(channel.session_id, request.rewind_tokens, pinned_blocks)
+        held = sum(s.pinned_blocks + s.hold_blocks for s in shared.sessions.values()) + pinned_blocks + hold_blocks
         free = shared.pool.num_blocks - shared.pool.used_blocks
         if not admitter.admits(len(shared.sessions), free_blocks=free, pinned_blocks=held):
             return None
@@ -84,6 +85,8 @@ class AdmissionDoor:
             memory=memory,
             pinned_blocks=pinned_blocks,
             decode_tokens=request.decode_tokens,
+            rewind_tokens=request.rewind_tokens,
+            hold_blocks=hold_blocks,
         )
         if system_prompt is not None:
             # prompt_at_open: the tick loop prefills all but its last token, which goes with the first frame
@@ -117,6 +120,32 @@ class AdmissionDoor:
                 pool_blocks=pool,
             )
         return memory, bound - session_blocks
+
+    def _hold(self, session_id: int, rewind_tokens: int, pinned_blocks: int) -> int:
+        """The blocks a mark's hold adds to the session's bound; ``ValueError`` where the backend cannot
+        take tokens back, ``CacheExhausted`` where the pool could never hold the bound with them."""
+        if rewind_tokens == 0:
+            return 0
+        core = self.shared.core
+        if not getattr(core, "rewinds", False):
+            raise ValueError(
+                f"session {session_id} asks for rewind_tokens={rewind_tokens}, but this engine's backend "
+                f"({type(core).__name__}) cannot take tokens back; open it with rewind_tokens=0"
+            )
+        session_blocks = self.shared.session_blocks
+        if session_blocks is None:  # unbounded (kv="full"): a hold keeps nothing the session would not
+            return 0
+        hold_blocks: int = core.hold_blocks(rewind_tokens)  # type: ignore[attr-defined]
+        bound, pool = session_blocks + pinned_blocks + hold_blocks, self.shared.pool.num_blocks
+        if bound > pool:
+            raise CacheExhausted(
+                f"session {session_id} holds {rewind_tokens} tentative tokens: its bound is {bound} blocks, more "
+                f"than the pool's {pool}; lower rewind_tokens or grow the pool",
+                session_id=session_id,
+                needed_blocks=bound,
+                pool_blocks=pool,
+            )
+        return hold_blocks
 
     def reject(self, session_id: int) -> AdmissionRejected:
         admitter = self.admitter

@@ -15,22 +15,24 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
-from metronome_engine import SamplingParams
+from metronome_engine import EngineBackend, SamplingParams
 
 from .._codec import TextTokenizer
 from .._config import ReliabilityConfig, TimingConfig
-from .._exceptions import TurnInterrupted
+from .._exceptions import RewindUnavailable, TurnInterrupted
 from .._frames import InputFrame
 from .._stats import EngineStats, SessionStats
 from .channel import SessionChannel
 from .encoding import InputEncoder
-from .state import SessionState
+from .state import ContextSnapshot, SessionState
 
-__all__: list[str] = []  # internal: SessionHost, SessionRequest, SessionLink, LinkServices
+__all__: list[str] = []  # internal: SessionHost, SessionRequest, SessionLink, LinkServices, ContextMark
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -43,6 +45,7 @@ class SessionRequest:
     log: Any  # the session's bound logger
     pin_system_prompt: bool = True
     decode_tokens: int = 1
+    rewind_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -56,6 +59,22 @@ class LinkServices:
     wake: Callable[[], None]  # the tick loop has work: wake it, start it if it rests
     input_refused: Callable[[], None]  # count a frame refused at a full input queue
     release: Callable[[SessionState], Awaitable[None]]  # out of the admitted set, its blocks freed
+    # fn(core) on the core thread, once the session is in no tick: holds and rewinds its sequence
+    on_core: Callable[[SessionState, Callable[[EngineBackend], Any]], Awaitable[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ContextMark:
+    """A point in a session's context that ``Session.rewind`` goes back to, exactly.
+
+    ``num_tokens``: the session's stream length at the mark; ``limit``: the most tokens the
+    session may append after it and still go back (``Session(rewind_tokens=...)``).
+    """
+
+    session_id: int
+    num_tokens: int
+    limit: int
+    _snapshot: ContextSnapshot = field(repr=False, compare=False)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -137,6 +156,77 @@ class SessionLink:
         kept = tuple(channel.reply)
         untrimmed, channel.untrimmed, channel.reply = channel.untrimmed, 0, []
         return Interruption(kept=kept, withdrawn=len(answered), untrimmed=untrimmed)
+
+    async def mark(self) -> ContextMark:
+        """Hold the context as it is now (``Session.mark``); the mark replaces the last one."""
+        state = self.state
+        if state.rewind_tokens == 0:
+            raise ValueError(
+                f"session {state.session_id} was opened without rewind_tokens; open it with Session(rewind_tokens=64)"
+            )
+        if not state.quiet() or state.rewinding:
+            raise ValueError(
+                f"session {state.session_id} cannot be marked with frames queued, unread, in a tick or a turn "
+                "still being appended: read its outputs and await append() first"
+            )
+        seq_id = state.seq_id
+        if seq_id is not None:
+            await self._services.on_core(state, lambda core: core.hold(seq_id, state.rewind_tokens))  # type: ignore[attr-defined]
+        state.mark = snap = state.snapshot()
+        return ContextMark(state.session_id, snap.num_tokens, state.rewind_tokens, snap)
+
+    async def rewind(self, mark: ContextMark) -> None:
+        """Take the context back to ``mark`` (``Session.rewind``)."""
+        state = self.state
+        since = state.num_tokens - mark.num_tokens
+        if mark.session_id != state.session_id or state.mark is not mark._snapshot:
+            raise RewindUnavailable(
+                f"that mark is not session {state.session_id}'s current mark (each mark replaces the last; "
+                "keep() and rewind() end it)",
+                session_id=state.session_id,
+                tokens_since=since,
+            )
+        if state.channel.inputs or state.channel.unread:
+            raise ValueError(
+                f"session {state.session_id} has frames queued or unread: interrupt() or read them before rewind()"
+            )
+        if since > mark.limit:
+            raise RewindUnavailable(
+                f"session {state.session_id} appended {since} tokens since the mark, past its rewind_tokens "
+                f"({mark.limit}): the window moved on and the context since the mark stays",
+                session_id=state.session_id,
+                tokens_since=since,
+            )
+        state.rewinding = True
+        try:
+            seq_id = state.seq_id
+            blocks = state.num_blocks
+            if seq_id is not None and mark.num_tokens == 0:  # marked before its first step: back to no sequence
+                await self._services.on_core(state, lambda core: core.free_sequence(seq_id))
+                state.seq_id, blocks = None, 0
+            elif seq_id is not None and since > 0:
+                try:
+                    blocks = await self._services.on_core(state, lambda core: core.rewind(seq_id, mark.num_tokens))  # type: ignore[attr-defined]
+                except ValueError as exc:  # the hold lapsed in the core (a step that stalled past the limit)
+                    raise RewindUnavailable(
+                        f"session {state.session_id} cannot go back to its mark: {exc}",
+                        session_id=state.session_id,
+                        tokens_since=since,
+                    ) from exc
+            state.restore(mark._snapshot, blocks)
+        finally:
+            state.rewinding = False
+        self._services.wake()  # frames sent while it rewound wait for it
+
+    async def keep(self, mark: ContextMark) -> None:
+        """The tokens since ``mark`` stay for good (``Session.keep``): its hold ends."""
+        state = self.state
+        if state.mark is not mark._snapshot:
+            return  # replaced or ended already
+        state.mark = None
+        seq_id = state.seq_id
+        if seq_id is not None:
+            await self._services.on_core(state, lambda core: core.release_hold(seq_id))  # type: ignore[attr-defined]
 
     async def release(self) -> None:
         """The application closed the session: out of the admitted set, its blocks returned before this returns."""

@@ -93,6 +93,15 @@ class ConversationMemory:
             prompt=prompt_before and not self.prompt_resident,
         )
 
+    def snapshot(self) -> tuple[int, int, int]:
+        """The account now, for ``restore`` (the session goes back to here: ``Session.rewind``)."""
+        return len(self._starts), self.num_tokens, self.evicted_tokens
+
+    def restore(self, snapshot: tuple[int, int, int]) -> None:
+        """Back to a ``snapshot``: the turns begun since it are gone, and what the window dropped since."""
+        turns, self.num_tokens, self.evicted_tokens = snapshot
+        del self._starts[turns:]
+
     def _resident_index(self) -> int:
         # turns before this index are no longer whole (all of them when none is)
         oldest = self.oldest_resident_turn

@@ -26,6 +26,20 @@ from .worker import CoreThread
 __all__: list[str] = []  # internal: SessionState, EngineState
 
 
+@dataclass(frozen=True, slots=True)
+class ContextSnapshot:
+    """Everything the engine side knows of a session's context at a mark (``SessionState.snapshot``)."""
+
+    num_tokens: int
+    num_blocks: int
+    feedback: tuple[int, int] | None
+    with_next_frame: tuple[int, ...]
+    rendered: bool
+    memory: tuple[int, int, int] | None
+    reply: tuple[int, ...]
+    untrimmed: int
+
+
 @dataclass(slots=True, eq=False)
 class SessionState:
     session_id: int
@@ -46,6 +60,10 @@ class SessionState:
     waited: int = 0  # ticks in a row its frame waited on the tick's token budget
     in_tick: bool = False
     ended: bool = False  # out of the engine's admitted set (closed by either side)
+    rewind_tokens: int = 0  # most tentative tokens a mark holds (Session(rewind_tokens=...)); 0: no marks
+    hold_blocks: int = 0  # blocks a hold adds to the session's bound (the memory guard counts them)
+    mark: ContextSnapshot | None = None  # the session's current mark: what rewind() goes back to
+    rewinding: bool = False  # a rewind is under way: no tick takes its frames until it is done
 
     @property
     def pinned(self) -> int:
@@ -82,6 +100,35 @@ class SessionState:
         """The output owed (frame ``index``'s, or any) was never delivered: the model does not see it either."""
         if self.feedback is not None and (index is None or self.feedback[1] == index):
             self.feedback = None
+
+    # going back to a mark (Session.mark / rewind) -----------------------------------------------
+
+    def quiet(self) -> bool:
+        """Nothing queued, in a tick, unread or waiting to be appended: the context is what is appended."""
+        return not (self.channel.inputs or self.context_ahead or self.in_tick or self.channel.unread)
+
+    def snapshot(self) -> ContextSnapshot:
+        """The context as it is now (call when ``quiet()``): what ``restore`` goes back to."""
+        return ContextSnapshot(
+            num_tokens=self.num_tokens,
+            num_blocks=self.num_blocks,
+            feedback=self.feedback,
+            with_next_frame=tuple(self.with_next_frame),
+            rendered=self.rendered,
+            memory=self.memory.snapshot() if self.memory is not None else None,
+            reply=tuple(self.channel.reply),
+            untrimmed=self.channel.untrimmed,
+        )
+
+    def restore(self, snap: ContextSnapshot, num_blocks: int) -> None:
+        """The core went back to ``snap``'s length (holding ``num_blocks``): so does the rest of the context."""
+        self.num_tokens, self.num_blocks = snap.num_tokens, num_blocks
+        self.feedback = snap.feedback
+        self.with_next_frame, self.context_ahead = list(snap.with_next_frame), []
+        self.rendered = snap.rendered
+        if self.memory is not None and snap.memory is not None:
+            self.memory.restore(snap.memory)
+        self.channel.reply, self.channel.untrimmed = list(snap.reply), snap.untrimmed
 
     # context queued ahead of the frames ---------------------------------------------------------
 

@@ -126,7 +126,7 @@ class TickLoop:
         self._asyncio_task = loop.create_task(self.run())
 
     def _has_work(self) -> bool:
-        return any(s.channel.inputs or s.context_ahead for s in self.shared.sessions.values())
+        return any((s.channel.inputs or s.context_ahead) and not s.rewinding for s in self.shared.sessions.values())
 
     def _context_only(self) -> bool:
         """Every session has context to append before its frames (which wait on it): no beat to keep.
@@ -164,6 +164,8 @@ class TickLoop:
         demands = []
         for slot in self.shared.sessions.values():
             channel = slot.channel
+            if slot.rewinding:  # going back to its mark: its frames wait until the context is there
+                continue
             if slot.context_ahead:  # its context (a prompt, a turn) goes in first: its frames wait until it has
                 prefills[slot.session_id] = slot
                 demands.append(Demand(slot.session_id, len(slot.context_ahead), 1, False, slot.waited))

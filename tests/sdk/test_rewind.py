@@ -1,0 +1,121 @@
+"""``Session.mark`` / ``rewind`` / ``keep``: tentative tokens taken back exactly."""
+
+from __future__ import annotations
+
+import pytest
+
+from metronome_engine import KVPolicy
+from metronome_sdk import Engine, RewindUnavailable, TimingConfig
+from tests.sdk.conftest import make_engine
+
+pytestmark = pytest.mark.timeout(60)
+
+PROMPT = "be brief"
+
+
+def _engine(window: int = 12) -> Engine:
+    timing = TimingConfig(period=0.001, deadline=60.0, max_chunk_tokens=8)
+    return make_engine(KVPolicy.windowed(window, sinks=4), num_blocks=128, timing=timing)
+
+
+async def _reply(s: object, turn: str, frames: int = 4) -> list[tuple[int, ...]]:
+    await s.append(turn)  # type: ignore[attr-defined]
+    return [(await s.step()).tokens for _ in range(frames)]  # type: ignore[attr-defined]
+
+
+async def test_a_rewound_turn_leaves_the_context_as_if_it_had_never_been() -> None:
+    # the tentative turn and its answer (30 tokens) pass the 12-token window: without the hold the
+    # window would drop what the mark saw, and the answer after the rewind would differ
+    engine = _engine()
+    async with engine:
+        async with engine.session(PROMPT) as plain:
+            first = await _reply(plain, "hello there")
+            then = await _reply(plain, "what now", 6)
+            plain_stats = plain.stats()
+        async with engine.session(PROMPT, rewind_tokens=64) as s:
+            assert await _reply(s, "hello there") == first
+            mark = await s.mark()
+            before = s.stats()
+            await _reply(s, "a question the caller did not finish", 4)
+            assert s.stats().num_tokens > mark.num_tokens + 12
+            assert s.stats().evicted_tokens > before.evicted_tokens  # what the model saw moved on
+            await s.rewind(mark)
+            back = s.stats()
+            assert (back.num_tokens, back.turns, back.evicted_tokens) == (
+                before.num_tokens,
+                before.turns,
+                before.evicted_tokens,
+            )
+            assert await _reply(s, "what now", 6) == then  # the same answer, token for token
+            stats = s.stats()
+    assert (stats.num_tokens, stats.turns, stats.evicted_tokens) == (
+        plain_stats.num_tokens,
+        plain_stats.turns,
+        plain_stats.evicted_tokens,
+    )
+    pool = engine.stats()
+    assert pool.used_blocks == 0  # nothing leaked from the pool
+
+
+async def test_kept_tokens_stay_and_the_window_moves_on() -> None:
+    engine = _engine()
+    async with engine, engine.session(PROMPT, rewind_tokens=64) as s:
+        await _reply(s, "hello there")
+        mark = await s.mark()
+        await _reply(s, "the whole question", 4)
+        held = s.stats().num_blocks
+        await s.keep(mark)
+        await s.step()  # the next step evicts what the hold kept
+        assert s.stats().num_blocks < held
+        with pytest.raises(RewindUnavailable):
+            await s.rewind(mark)  # kept: there is no going back
+
+
+async def test_past_rewind_tokens_the_rewind_is_refused_and_nothing_changes() -> None:
+    engine = _engine()
+    async with engine, engine.session(PROMPT, rewind_tokens=8) as s:
+        await _reply(s, "hello there")
+        mark = await s.mark()
+        await _reply(s, "a turn longer than eight tokens", 2)
+        tokens = s.stats().num_tokens
+        with pytest.raises(RewindUnavailable) as caught:
+            await s.rewind(mark)
+        assert caught.value.tokens_since == tokens - mark.num_tokens > 8
+        assert s.stats().num_tokens == tokens
+        await s.step()  # the session goes on
+
+
+async def test_a_mark_needs_rewind_tokens_and_a_quiet_session() -> None:
+    engine = _engine()
+    async with engine:
+        async with engine.session(PROMPT) as s:
+            await s.step("hi")
+            with pytest.raises(ValueError, match="rewind_tokens"):
+                await s.mark()
+        async with engine.session(PROMPT, rewind_tokens=16) as s:
+            await s.step("hi")
+            s.send_nowait(None)
+            with pytest.raises(ValueError, match="queued"):
+                await s.mark()
+            await s.receive()
+            mark = await s.mark()
+            s.send_nowait(None)
+            with pytest.raises(ValueError, match="interrupt"):
+                await s.rewind(mark)
+            await s.receive()
+            await s.rewind(mark)
+    with pytest.raises(ValueError, match="rewind_tokens"):
+        engine.session(rewind_tokens=-1)
+
+
+async def test_a_mark_before_the_first_step_goes_back_to_no_sequence() -> None:
+    engine = _engine()
+    async with engine:
+        async with engine.session(PROMPT) as plain:
+            want = [(await plain.step("hi")).tokens]
+        async with engine.session(PROMPT, rewind_tokens=64) as s:
+            mark = await s.mark()
+            await s.step("something else")
+            await s.rewind(mark)
+            assert s.stats().num_tokens == 0
+            assert [(await s.step("hi")).tokens] == want
