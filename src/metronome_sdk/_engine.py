@@ -418,10 +418,15 @@ class Engine(SessionHost, embedded=True):
         sampling: SamplingParams | None = None,
         decode_tokens: int = 1,
         pin_system_prompt: bool = True,
+        rewind_tokens: int = 0,
     ) -> Session:
         """Open a session now or raise ``AdmissionRejected`` at once: the nowait twin of ``session()``."""
         return self.session(
-            system_prompt, sampling=sampling, decode_tokens=decode_tokens, pin_system_prompt=pin_system_prompt
+            system_prompt,
+            sampling=sampling,
+            decode_tokens=decode_tokens,
+            pin_system_prompt=pin_system_prompt,
+            rewind_tokens=rewind_tokens,
         ).open_nowait()
 
     async def open_link(self, request: SessionRequest, *, timeout: float | None = None) -> SessionLink:

@@ -35,6 +35,13 @@ def _add(p: argparse.ArgumentParser) -> None:
         help="transcribe what the caller said so far at each short pause (default on)",
     )
     p.add_argument(
+        "--answer-ahead",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="start the answer at that pause, held until the turn ends, taken back if the caller goes on "
+        "(default on; needs --early-transcribe)",
+    )
+    p.add_argument(
         "--smart-turn",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -110,6 +117,7 @@ async def _serve(args: argparse.Namespace) -> int:
         token=token,
         max_peers=args.max_peers,
         early_transcribe=args.early_transcribe,
+        answer_ahead=args.answer_ahead,
         smart_turn=args.smart_turn,
         **given,
     )

@@ -23,11 +23,19 @@ import numpy as np
 import numpy.typing as npt
 
 from .._audio import pcm16, resample, without_lead
-from .._exceptions import MetronomeError, Overloaded, SessionBroken, SessionClosed, TurnInterrupted
+from .._exceptions import (
+    MetronomeError,
+    Overloaded,
+    RewindUnavailable,
+    SessionBroken,
+    SessionClosed,
+    TurnInterrupted,
+)
 from .._frames import OutputFrame
 from .._log import get_logger
 from .._session import Interrupted, Session
 from ..transports._base import Event, Transport
+from ._ahead import MARGIN, Ahead
 from ._protocols import Playback, SpeechToText, TextToSpeech
 from ._turn import TurnModel
 from ._vad import VoiceActivityDetector
@@ -95,6 +103,9 @@ class TurnLatency:
     - ``first_clause``: decoding on, up to the first clause the voice can speak (``first_clause_words``);
     - ``synthesize``: that clause to speech;
     - ``send``: the speech waiting for the voice loop and handed to the transport.
+
+    ``ahead``: the turn was answered ahead, at a pause, before it ended; the parts done before
+    the turn ended count as no wait (0), so the parts still add up to ``voice_to_voice``.
     """
 
     voice_to_voice: float
@@ -104,6 +115,7 @@ class TurnLatency:
     first_clause: float
     synthesize: float
     send: float
+    ahead: bool = False
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -117,7 +129,7 @@ class TurnLatency:
         }
 
     def event(self) -> Event:
-        return {"type": "latency", **self.as_dict()}
+        return {"type": "latency", **self.as_dict(), "ahead": self.ahead}
 
 
 def clause_end(text: str, *, first: bool, min_words: int) -> int | None:
@@ -162,6 +174,7 @@ class _Turn:
     first_synthesis_at: float = math.nan  # and handed to the transport
     answered: bool = False  # the session's reply is complete (or cut)
     text: str | None = None  # a typed turn (end_turn(text=...)): nothing to transcribe
+    ahead: Ahead | None = None  # answered at a pause, before the turn detector ended the turn
 
 
 class VoiceAgent:
@@ -185,7 +198,16 @@ class VoiceAgent:
     left of it is waited for (one such transcription in flight at a time: a pause while one
     runs is skipped until it is done). With ``turn_model`` (``SmartTurn``), the same pause asks
     the model whether the caller has finished: when it says so, the turn ends there instead of
-    after ``vad``'s silence. Each answered turn's
+    after ``vad``'s silence.
+
+    Answering ahead: with ``answer_ahead`` (on) and a session opened with ``rewind_tokens``,
+    once a pause's transcript is ready while the caller is still quiet, the agent also starts
+    the answer: it marks the session (``Session.mark``), appends the turn and decodes and
+    synthesizes up to the first clause, holding back every event and all speech. When the
+    turn then ends with nothing said since, what was held goes out at once; when the caller
+    goes on, the answer is withdrawn (``Session.rewind``: the context is as if it had never
+    been) and nothing of it reached the caller. ``answered_ahead`` and ``withdrawn_ahead``
+    count them. Each answered turn's
     ``TurnLatency`` goes to the peer as a ``latency`` event, into ``stats`` events as
     ``voice_to_voice``, and to ``on_latency`` (a server's voice admission reads it there).
 
@@ -222,6 +244,7 @@ class VoiceAgent:
         turn_model: TurnModel | None = None,
         pause: float = 0.2,
         on_latency: Callable[[TurnLatency], None] | None = None,
+        answer_ahead: bool = True,
     ) -> None:
         if not isinstance(stt, SpeechToText):
             raise ValueError(f"stt must have transcribe(samples, sample_rate), got {stt!r}")
@@ -253,6 +276,7 @@ class VoiceAgent:
                 f"turn_model hears {turn_model.sample_rate} Hz and vad {self.vad.sample_rate} Hz: give both the same"
             )
         self.early_transcribe = early_transcribe
+        self.answer_ahead = answer_ahead
         self.turn_model = turn_model
         self.pause = pause
         self.max_reply_tokens = max_reply_tokens
@@ -265,6 +289,9 @@ class VoiceAgent:
         self.latencies: list[TurnLatency] = []
         self.interruptions = 0
         self.heard_ahead = 0  # turns whose transcript was started at a pause, before the turn ended
+        self.answered_ahead = 0  # turns whose answer was started at a pause and confirmed by the turn's end
+        self.withdrawn_ahead = 0  # answers started at a pause and taken back: the caller went on
+        self._ahead: _Turn | None = None  # the turn being answered ahead, not yet confirmed
         self.speak = True  # False: replies go out as transcript only (a text-only client), nothing is synthesized
         self._log = get_logger(session_id=session.id)
         self._turns = 0
@@ -337,13 +364,45 @@ class VoiceAgent:
                 pcm = resample(pcm, frame.sample_rate, self.vad.sample_rate)
             for utterance in self.vad.push(pcm):
                 self._end_turn(utterance, last_frame)
+            ahead = self._ahead
+            if ahead is not None and ahead.ahead is not None and self._heard_key() != ahead.ahead.key:
+                self._withdraw(ahead)  # the caller went on after the pause it was answering
             self._at_pause(tg)
             await self._barge_in()
         return False
 
+    def _heard_key(self) -> tuple[int, int] | None:
+        """Which speech the turn under way has heard: (utterance, samples); None when no turn is under way."""
+        return (self._utterance, self.vad.heard_samples) if self.vad.speaking else None
+
+    def _withdraw(self, turn: _Turn) -> None:
+        """Take back the answer started ahead: none of it is sent; the reply loop rewinds the session."""
+        assert turn.ahead is not None
+        self._ahead = None
+        turn.ahead.withdraw()
+        self._cut = max(self._cut, turn.number)
+        self.withdrawn_ahead += 1
+        if self._decoding is turn and not self.session.closed:
+            self.session.interrupt()  # the frame being decoded is withdrawn, and with it the step that waits
+        self._log.info("voice.ahead_withdrawn", turn=turn.number)
+
     def _end_turn(self, utterance: npt.NDArray[np.int16] | None, last_frame: float) -> bool:
         if utterance is None:
             return False
+        ahead = self._ahead
+        if ahead is not None and ahead.ahead is not None:
+            if ahead.ahead.key == (self._utterance, utterance.size):  # nothing said since its pause: it is this turn
+                self._ahead = None
+                self._utterance += 1
+                self._early = None
+                now = time.monotonic()
+                ahead.utterance = utterance
+                ahead.speech_end = min(now, last_frame) - self.vad.silence_after
+                ahead.heard_at = now
+                ahead.ahead.confirm()
+                self.answered_ahead += 1
+                return True
+            self._withdraw(ahead)
         early = self._early
         if early is None or (early.utterance, early.samples) != (self._utterance, utterance.size):
             early = None  # the caller went on after it started: it is not this turn's
@@ -384,6 +443,33 @@ class VoiceAgent:
         finally:
             self._transcribing = False
             early.done.set()
+        self._start_ahead(early)
+
+    def _start_ahead(self, early: _Early) -> None:
+        """The pause's transcript is ready and the caller is still quiet: answer it now, tentatively."""
+        text = " ".join((early.text or "").split())
+        room = self.session.rewind_tokens
+        if not (self.answer_ahead and room > 0 and text):
+            return
+        if self._replying is not None or self._next is not None or self._ahead is not None:
+            return  # one answer at a time
+        if self._heard_key() != (early.utterance, early.samples):
+            return  # the caller went on, or the turn ended meanwhile
+        engine = self.session.engine
+        tokenizer = engine.tokenizer if engine is not None else None
+        if tokenizer is not None and len(tokenizer.encode(text)) + MARGIN > room:
+            return  # too long a turn to take back: it waits for its end
+        self._turns += 1
+        turn = _Turn(
+            self._turns,
+            np.zeros(0, dtype=np.int16),
+            speech_end=math.nan,
+            heard_at=math.nan,
+            early=early,
+            ahead=Ahead((early.utterance, early.samples)),
+        )
+        self._ahead = self._next = turn
+        self._heard.set()
 
     async def _ask_turn_model(self, model: TurnModel, key: tuple[int, int], audio: npt.NDArray[np.int16]) -> None:
         try:
@@ -401,6 +487,8 @@ class VoiceAgent:
     async def _barge_in(self) -> None:
         """The caller speaks over the reply: cut it, so the caller is heard instead."""
         if self.barge_in is None or self.vad.speech_heard < self.barge_in:
+            return
+        if self._ahead is not None:  # the answer ahead is to this very turn: going on withdraws it, not a cut
             return
         await self.cut_reply()
 
@@ -486,8 +574,11 @@ class VoiceAgent:
                 turn, self._next = self._next, None
                 if turn is None:
                     continue
+                ahead = turn.ahead
+                if ahead is not None and not await self._mark(turn, ahead):
+                    continue  # withdrawn before it began
                 self._replying = turn
-                await self.transport.send_event({"type": "state", "state": "thinking"})
+                await self._send(turn, {"type": "state", "state": "thinking"})
                 # a text turn (Realtime's conversation.item.create) has its words already
                 text = " ".join((await self._transcript(turn)).split()) if turn.text is None else turn.text
                 turn.transcribed_at = time.monotonic()
@@ -501,17 +592,60 @@ class VoiceAgent:
                     if text and turn.text is not None:
                         await self._answer(turn, text)
                     elif text:
-                        await self.transport.send_event(
-                            {"type": "transcript", "role": "user", "text": text, "final": True}
-                        )
+                        await self._send(turn, {"type": "transcript", "role": "user", "text": text, "final": True})
                         await self._answer(turn, text)
                 finally:
                     turn.answered = True
                     self._done_with(turn)
-                await self.transport.send_event({"type": "state", "state": "listening"})
+                await self._send(turn, {"type": "state", "state": "listening"})
         except MetronomeError as exc:
             self._failure = exc
             scope.cancel()
+
+    async def _mark(self, turn: _Turn, ahead: Ahead) -> bool:
+        """Mark the session before a turn answered ahead; whether to answer it (False: it was withdrawn).
+
+        A session that cannot be marked now (a frame of its own still unread) answers the turn
+        only once it is confirmed, as a turn not answered ahead.
+        """
+        if ahead.withdrawn:
+            return False
+        try:
+            ahead.mark = await self.session.mark()
+        except ValueError as exc:
+            self._log.info("voice.ahead_unmarked", error=str(exc))
+            await ahead.settled.wait()
+            if ahead.withdrawn:
+                return False
+            await ahead.flush(self.transport)
+        if ahead.withdrawn:
+            await self._settle(turn)
+            return False
+        return True
+
+    async def _send(self, turn: _Turn, event: Event) -> None:
+        """An event of ``turn``'s: held back while its answer ahead is not confirmed, dropped if withdrawn."""
+        if turn.ahead is None:
+            await self.transport.send_event(event)
+        elif not turn.ahead.withdrawn:
+            await turn.ahead.send(self.transport, event)
+
+    async def _settle(self, turn: _Turn) -> None:
+        """The end of an answer ahead: kept when confirmed, the session rewound to its mark when withdrawn."""
+        ahead = turn.ahead
+        if ahead is None or ahead.mark is None:
+            return
+        await ahead.settled.wait()  # an answer whole before the turn ended waits for it to end
+        mark, ahead.mark = ahead.mark, None
+        if self.session.closed:
+            return
+        if ahead.confirmed:
+            await self.session.keep(mark)
+            return
+        try:
+            await self.session.rewind(mark)
+        except RewindUnavailable as exc:  # what was appended stays: the caller's next words follow it
+            self._log.warning("voice.ahead_kept", error=str(exc))
 
     async def _transcript(self, turn: _Turn) -> str:
         early = turn.early
@@ -523,6 +657,17 @@ class VoiceAgent:
         return await anyio.to_thread.run_sync(self.stt.transcribe, turn.utterance, self.vad.sample_rate)
 
     async def _answer(self, turn: _Turn, text: str) -> None:
+        # the turn goes in ahead of the frame that answers it (Session.append): the frame then
+        # carries one token, and its step is a reply frame's, not one as long as the turn
+        await self.session.append(text)
+        self._decoding = turn
+        try:
+            await self._answer_frames(turn)
+        finally:
+            self._decoding = None
+            await self._settle(turn)
+
+    async def _answer_frames(self, turn: _Turn) -> None:
         engine = self.session.engine
         deadline = engine.timing.frame_deadline if engine is not None else math.nan
         reply: list[str] = []
@@ -530,54 +675,60 @@ class VoiceAgent:
         parts = 0  # clauses sent to the voice
         produced = 0  # tokens: a frame may carry several (decode_tokens)
         stopped = cut = False
-        # the turn goes in ahead of the frame that answers it (Session.append): the frame then
-        # carries one token, and its step is a reply frame's, not one as long as the turn
-        await self.session.append(text)
-        self._decoding = turn
-        try:
-            while True:
-                await self._on_beat()
-                if turn.number <= self._cut:  # cut while the agent was not stepping
-                    cut = True
+        while True:
+            await self._on_beat()
+            if turn.number <= self._cut:  # cut while the agent was not stepping
+                cut = True
+                break
+            try:
+                out = await self.session.step()
+            except TurnInterrupted:  # barge-in withdrew this frame: its tokens are not the reply's
+                cut = True
+                break
+            produced += max(1, len(out.tokens))
+            stopped = out.stop
+            if out.tokens and math.isnan(turn.first_token_at):
+                turn.first_token_at = time.monotonic()
+            await self._send(turn, frame_event(out, deadline))
+            if out.text:
+                reply.append(out.text)
+                pending += out.text
+                await self._send(turn, {"type": "transcript", "role": "assistant", "text": out.text, "final": False})
+            cut = turn.number <= self._cut
+            last = cut or out.stop or produced >= self.max_reply_tokens
+            while not cut and self.speak:  # each clause goes to the voice as soon as it is whole
+                end = len(pending) if last else clause_end(pending, first=parts == 0, min_words=self.clause_words)
+                if end is None or not pending[:end].strip():
                     break
-                try:
-                    out = await self.session.step()
-                except TurnInterrupted:  # barge-in withdrew this frame: its tokens are not the reply's
-                    cut = True
-                    break
-                produced += max(1, len(out.tokens))
-                stopped = out.stop
-                if out.tokens and math.isnan(turn.first_token_at):
-                    turn.first_token_at = time.monotonic()
-                await self.transport.send_event(frame_event(out, deadline))
-                if out.text:
-                    reply.append(out.text)
-                    pending += out.text
-                    await self.transport.send_event(
-                        {"type": "transcript", "role": "assistant", "text": out.text, "final": False}
-                    )
-                cut = turn.number <= self._cut
-                last = cut or out.stop or produced >= self.max_reply_tokens
-                while not cut and self.speak:  # each clause goes to the voice as soon as it is whole
-                    end = len(pending) if last else clause_end(pending, first=parts == 0, min_words=self.clause_words)
-                    if end is None or not pending[:end].strip():
-                        break
-                    part, pending = pending[:end].strip(), pending[end:]
-                    if math.isnan(turn.first_clause_at):
-                        turn.first_clause_at = time.monotonic()
-                    parts += 1
-                    self._unspoken += 1
-                    await self._speech_in.send((turn, part))
-                if last:
-                    break
-        finally:
-            self._decoding = None
+                part, pending = pending[:end].strip(), pending[end:]
+                if math.isnan(turn.first_clause_at):
+                    turn.first_clause_at = time.monotonic()
+                parts += 1
+                self._unspoken += 1
+                await self._speech_in.send((turn, part))
+            if last:
+                break
+            if not await self._go_on(turn, parts):
+                cut = True
+                break
         answer = " ".join("".join(reply).split())  # one space between words, whatever the deltas carried
         final: Event = {"type": "transcript", "role": "assistant", "text": answer, "final": True}
         if cut:
             final["interrupted"] = True
-        await self.transport.send_event(final)
+        await self._send(turn, final)
         self._log.info("voice.answered", tokens=produced, chars=len(answer), stopped=stopped, interrupted=cut)
+
+    async def _go_on(self, turn: _Turn, parts: int) -> bool:
+        """Whether to decode on. An answer ahead stops at its first clause (or before its mark's room
+        runs out) until the turn's end confirms it; withdrawn, it stops there."""
+        ahead = turn.ahead
+        if ahead is None or ahead.settled.is_set():
+            return not (ahead is not None and ahead.withdrawn)
+        mark = ahead.mark
+        room = mark.limit - (self.session.stats().num_tokens - mark.num_tokens) if mark is not None else 0
+        if parts > 0 or room < self.session.decode_tokens + 1:
+            await ahead.settled.wait()
+        return not ahead.withdrawn
 
     async def _on_beat(self) -> None:
         """Wait until ``beat_lead`` before the engine's next tick: the tick that would take a frame sent now.
@@ -611,6 +762,11 @@ class VoiceAgent:
             return
         if not samples.size or turn.number <= self._cut:  # cut while it was being synthesized
             return
+        if turn.ahead is not None:  # answered ahead: its speech waits for the turn's end
+            await turn.ahead.settled.wait()
+            if turn.ahead.withdrawn or turn.number <= self._cut:
+                return
+            await turn.ahead.flush(self.transport)
         pcm = pcm16(samples)
         if math.isnan(turn.synthesized_at):  # the reply's first words: the voice's lead-in quiet only delays them
             turn.synthesized_at = time.monotonic()
@@ -618,14 +774,21 @@ class VoiceAgent:
         await self.transport.send_audio(pcm, rate)
         if math.isnan(turn.first_synthesis_at):
             turn.first_synthesis_at = now = time.monotonic()
+            # each part ends no sooner than the one before it: what was done ahead of the turn's end waited for nothing
+            at = [turn.speech_end, turn.heard_at, turn.transcribed_at, turn.first_token_at, turn.first_clause_at]
+            at += [turn.synthesized_at, now]
+            for i in range(1, len(at)):
+                if math.isfinite(at[i - 1]) and math.isfinite(at[i]):
+                    at[i] = max(at[i], at[i - 1])
             latency = TurnLatency(
                 voice_to_voice=now - turn.speech_end,
-                turn_end=turn.heard_at - turn.speech_end,
-                transcribe=turn.transcribed_at - turn.heard_at,
-                first_token=turn.first_token_at - turn.transcribed_at,
-                first_clause=turn.first_clause_at - turn.first_token_at,
-                synthesize=turn.synthesized_at - turn.first_clause_at,
-                send=now - turn.synthesized_at,
+                turn_end=at[1] - at[0],
+                transcribe=at[2] - at[1],
+                first_token=at[3] - at[2],
+                first_clause=at[4] - at[3],
+                synthesize=at[5] - at[4],
+                send=at[6] - at[5],
+                ahead=turn.ahead is not None,
             )
             self.latencies.append(latency)
             if self.on_latency is not None:

@@ -13,6 +13,7 @@ __all__: list[str] = []  # internal: ServerConfig and DEFAULT_PROMPT, exported b
 # chosen by `metronome eval answers` (docs/voice-agent.md): the most answers right and all in English;
 # "You are a friendly voice assistant. Answer in one or two short sentences." answered France's capital in French
 DEFAULT_PROMPT = "Answer the question in one short English sentence."
+AHEAD_TOKENS = 96  # a spoken question and its first clause, with room: what an answer ahead may take back
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -36,7 +37,10 @@ class ServerConfig:
     4 by default, so a first sentence of 12 tokens can be whole in three ticks, not twelve,
     where the tick's token budget has room (the engine decides, and AIMD sees the cost).
     ``early_transcribe`` (on): the agent transcribes what the caller said so far at each short
-    pause, so a turn that ends there has its transcript (nearly) ready (``VoiceAgent``); ``smart_turn``:
+    pause, so a turn that ends there has its transcript (nearly) ready (``VoiceAgent``); ``answer_ahead``
+    (on, with ``early_transcribe``): the agent also starts the answer then, held back until the
+    turn ends and taken back exactly if the caller goes on (each session is opened with
+    ``rewind_tokens=AHEAD_TOKENS``, 96, which widens its bound by 7 blocks of 16); ``smart_turn``:
     smart-turn v3 (``SmartTurn``) ends a turn at such a pause when the caller sounds finished.
     ``whisper_window``: the seconds of audio the default voice's Whisper reads for a short
     utterance (``WhisperSTT(window=...)``: 10; 30 is Whisper's full window).
@@ -61,6 +65,7 @@ class ServerConfig:
     max_reply_tokens: int = 48
     decode_tokens: int = 4
     early_transcribe: bool = True
+    answer_ahead: bool = True
     smart_turn: bool = False
     whisper_window: float = DEFAULT_WINDOW
     demo_page: bool = True
@@ -75,6 +80,9 @@ class ServerConfig:
             raise ValueError(f"max_peers must be an int >= 1, got {self.max_peers!r}; try 8")
         if isinstance(self.max_body, bool) or not isinstance(self.max_body, int) or self.max_body < 1024:
             raise ValueError(f"max_body must be an int >= 1024 bytes, got {self.max_body!r}; try 65536")
+        for name in ("early_transcribe", "answer_ahead", "smart_turn"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if isinstance(self.decode_tokens, bool) or not isinstance(self.decode_tokens, int) or self.decode_tokens < 1:
             raise ValueError(f"decode_tokens must be an int >= 1, got {self.decode_tokens!r}; try 4")
         check_window(self.whisper_window)

@@ -35,7 +35,7 @@ from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
 from ..voice._turn import SmartTurn
 from ..voice._vad import VoiceActivityDetector, default_turn_detector
-from ._config import ServerConfig
+from ._config import AHEAD_TOKENS, ServerConfig
 from ._peer import WebRTCPeer
 
 __all__ = ["PeerHandler", "ServerConfig", "WebRTCServer"]
@@ -326,7 +326,8 @@ class WebRTCServer:
             except AdmissionRejected as exc:
                 return _refuse(503, "voice_objective", str(exc), _retry_after(exc.retry_after))
         try:
-            session = self.engine.try_session(self.config.system_prompt)
+            ahead = self._handler is None and self.config.early_transcribe and self.config.answer_ahead
+            session = self.engine.try_session(self.config.system_prompt, rewind_tokens=AHEAD_TOKENS if ahead else 0)
         except Overloaded as exc:
             return _refuse(503, "admission_rejected", str(exc), _retry_after(exc.retry_after))
         except (EngineClosed, SessionClosed) as exc:
@@ -372,6 +373,7 @@ class WebRTCServer:
                     decode_tokens=self.config.decode_tokens,
                     on_latency=self._observe,
                     early_transcribe=self.config.early_transcribe,
+                    answer_ahead=self.config.answer_ahead,
                     turn_model=self._turn_model,
                 )
                 await agent.run()
