@@ -18,7 +18,8 @@ from tests.webrtc.conftest import ToneTTS
 
 pytestmark = pytest.mark.timeout(120)
 
-Script = Callable[[MemoryTransport, object, list[dict[str, object]]], Awaitable[None]]
+# the caller's side of one call: its microphone, the agent's session, the events it got, and whether it answers ahead
+Script = Callable[[MemoryTransport, object, list[dict[str, object]], bool], Awaitable[None]]
 
 
 async def _until(check: Callable[[], bool]) -> None:
@@ -60,12 +61,19 @@ async def _call(engine: Engine, script: Script, *, ahead: bool) -> Call:
         async with anyio.create_task_group() as tg:
             tg.start_soon(read)
             tg.start_soon(listen)
-            tg.start_soon(script, transport, session, events)
+            tg.start_soon(script, transport, session, events, ahead)
             with anyio.fail_after(60):
                 await agent.run()
             tg.cancel_scope.cancel()
         stats = session.stats()
     return agent, events, sent, (stats.num_tokens, stats.turns)
+
+
+async def _both(script: Script) -> tuple[Call, Call]:
+    """The same call answered ahead, then not, one after the other on one engine (the same numbers)."""
+    engine = make_engine()
+    async with engine:
+        return await _call(engine, script, ahead=True), await _call(engine, script, ahead=False)
 
 
 async def _answered(transport: MemoryTransport, events: list[dict[str, object]]) -> None:
@@ -75,7 +83,7 @@ async def _answered(transport: MemoryTransport, events: list[dict[str, object]])
 
 
 async def test_an_answer_begun_at_the_pause_waits_for_the_turn_to_end_then_goes_out_at_once() -> None:
-    async def script(transport: MemoryTransport, session: object, events: list[dict[str, object]]) -> None:
+    async def script(transport: MemoryTransport, session: object, events: list[dict[str, object]], ahead: bool) -> None:
         await transport.push_audio(np.concatenate([_tone(0.8), _quiet(0.3)]), RATE)  # a pause, not yet the end
         if ahead:
             await _until(lambda: session.stats().turns == 1)  # type: ignore[attr-defined]  # the answer began
@@ -87,12 +95,7 @@ async def test_an_answer_begun_at_the_pause_waits_for_the_turn_to_end_then_goes_
         await transport.push_audio(_quiet(1.0), RATE)  # the silence ends the turn
         await _answered(transport, events)
 
-    engine = make_engine()
-    async with engine:
-        ahead = True
-        agent, events, sent, context = await _call(engine, script, ahead=True)
-        ahead = False
-        plain, plain_events, plain_sent, plain_context = await _call(engine, script, ahead=False)
+    (agent, events, sent, context), (plain, plain_events, plain_sent, plain_context) = await _both(script)
     assert (agent.answered_ahead, agent.withdrawn_ahead, plain.answered_ahead) == (1, 0, 0)
     assert _heard(events) == _heard(plain_events)
     assert [e["text"] for e in _final_answers(events)] == [e["text"] for e in _final_answers(plain_events)]
@@ -107,7 +110,7 @@ async def test_an_answer_begun_at_the_pause_waits_for_the_turn_to_end_then_goes_
 
 
 async def test_a_caller_who_goes_on_gets_the_answer_withdrawn_and_the_context_as_if_it_never_began() -> None:
-    async def script(transport: MemoryTransport, session: object, events: list[dict[str, object]]) -> None:
+    async def script(transport: MemoryTransport, session: object, events: list[dict[str, object]], ahead: bool) -> None:
         await transport.push_audio(np.concatenate([_tone(0.6), _quiet(0.3)]), RATE)
         if ahead:
             await _until(lambda: session.stats().turns == 1)  # type: ignore[attr-defined]  # the answer began
@@ -115,12 +118,7 @@ async def test_a_caller_who_goes_on_gets_the_answer_withdrawn_and_the_context_as
         await transport.push_audio(np.concatenate([_tone(0.6), _quiet(1.0)]), RATE)  # the caller goes on
         await _answered(transport, events)
 
-    engine = make_engine()
-    async with engine:
-        ahead = True
-        agent, events, sent, context = await _call(engine, script, ahead=True)
-        ahead = False
-        plain, plain_events, plain_sent, plain_context = await _call(engine, script, ahead=False)
+    (agent, events, sent, context), (plain, plain_events, plain_sent, plain_context) = await _both(script)
     assert agent.withdrawn_ahead == 1 and plain.withdrawn_ahead == plain.answered_ahead == 0
     assert len(_heard(events)) == 1 and _heard(events) == _heard(plain_events)  # the whole utterance, once
     assert [e["text"] for e in _final_answers(events)] == [e["text"] for e in _final_answers(plain_events)]
@@ -133,7 +131,13 @@ async def test_without_rewind_tokens_nothing_is_answered_ahead() -> None:
     engine = make_engine()
     async with engine, engine.session("be brief") as session, MemoryTransport() as transport:
         agent = VoiceAgent(
-            session, transport, stt=SizeSTT(), tts=ToneTTS(), vad=VoiceActivityDetector(), early_transcribe=True
+            session,
+            transport,
+            stt=SizeSTT(),
+            tts=ToneTTS(),
+            vad=VoiceActivityDetector(),
+            early_transcribe=True,
+            answer_ahead=True,
         )
         events: list[dict[str, object]] = []
 

@@ -76,8 +76,7 @@ def speech_wav(
 @pytest.fixture
 async def tiny_engine() -> AsyncIterator[Engine]:
     # started, not entered: pytest-asyncio tears a fixture down in another task than set it up
-    # room for four callers, each holding what an answer ahead may take back (ServerConfig.answer_ahead)
-    engine = make_engine(num_blocks=256, limit=4)
+    engine = make_engine(num_blocks=64, limit=4)
     await engine.start()
     yield engine
     await engine.aclose()

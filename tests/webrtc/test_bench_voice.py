@@ -65,3 +65,18 @@ def test_held_within_the_objective_counts_rounds_all_admitted_and_within_it() ->
         {"callers": 4, "admitted": 1, "p95": 1.0},  # only one admitted: not held at four
     ]
     assert (_held(rounds, 1.5), _held(rounds, 2.0), _held(rounds, 1.0), _held(rounds, None)) == (1, 2, 0, None)
+
+
+async def test_a_server_that_answers_ahead_sends_the_answer_of_the_pause_once_the_turn_ends(
+    tiny_engine: Engine,
+) -> None:
+    # the 0.5 s after the tone is past the agent's 0.2 s pause and short of nothing: loudness ends
+    # the turn after 0.7 s of quiet, so the answer begun at the pause is confirmed by the turn's end
+    questions = [_tone_question("one?", seconds=0.8)]
+    async with tiny_server(tiny_engine, answer_ahead=True) as server:
+        results = await run_round(server.url, questions, callers=1, turns=2, timeout=20)
+    for r in results:
+        assert r.voice_to_voice is not None and r.heard == "hello there" and r.answer
+        assert r.server is not None and r.server["ahead"] == 1.0  # answered ahead, then confirmed
+    stats = tiny_engine.stats()
+    assert stats.sessions == 0 and stats.used_blocks == 0  # the held blocks went back with the call

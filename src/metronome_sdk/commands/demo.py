@@ -37,15 +37,21 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--answer-ahead",
         action=argparse.BooleanOptionalAction,
-        default=True,
+        default=False,
         help="start the answer at that pause, held until the turn ends, taken back if the caller goes on "
-        "(default on; needs --early-transcribe)",
+        "(default off: no gain measured on a 2-core AVX2 CPU; needs --early-transcribe)",
     )
     p.add_argument(
         "--smart-turn",
         action=argparse.BooleanOptionalAction,
         default=False,
         help="end a turn at a short pause when smart-turn v3 hears the caller finished (default off)",
+    )
+    p.add_argument(
+        "--pause",
+        type=float,
+        default=argparse.SUPPRESS,
+        help="seconds of pause after which the agent transcribes (and answers) ahead (default 0.2)",
     )
     p.add_argument(
         "--whisper-window",
@@ -109,7 +115,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from ..webrtc import ServerConfig, WebRTCServer, demo_engine
 
     token = os.environ.get(TOKEN_ENV) or None
-    optional = ("voice_objective", "decode_tokens", "whisper_window")
+    optional = ("voice_objective", "decode_tokens", "whisper_window", "pause")
     given = {name: getattr(args, name) for name in optional if hasattr(args, name)}
     config = ServerConfig(
         host=args.host,

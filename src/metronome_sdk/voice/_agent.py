@@ -200,7 +200,7 @@ class VoiceAgent:
     the model whether the caller has finished: when it says so, the turn ends there instead of
     after ``vad``'s silence.
 
-    Answering ahead: with ``answer_ahead`` (on) and a session opened with ``rewind_tokens``,
+    Answering ahead: with ``answer_ahead`` and a session opened with ``rewind_tokens``,
     once a pause's transcript is ready while the caller is still quiet, the agent also starts
     the answer: it marks the session (``Session.mark``), appends the turn and decodes and
     synthesizes up to the first clause, holding back every event and all speech. When the
@@ -244,7 +244,7 @@ class VoiceAgent:
         turn_model: TurnModel | None = None,
         pause: float = 0.2,
         on_latency: Callable[[TurnLatency], None] | None = None,
-        answer_ahead: bool = True,
+        answer_ahead: bool = False,
     ) -> None:
         if not isinstance(stt, SpeechToText):
             raise ValueError(f"stt must have transcribe(samples, sample_rate), got {stt!r}")

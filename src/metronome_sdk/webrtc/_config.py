@@ -38,9 +38,10 @@ class ServerConfig:
     where the tick's token budget has room (the engine decides, and AIMD sees the cost).
     ``early_transcribe`` (on): the agent transcribes what the caller said so far at each short
     pause, so a turn that ends there has its transcript (nearly) ready (``VoiceAgent``); ``answer_ahead``
-    (on, with ``early_transcribe``): the agent also starts the answer then, held back until the
+    (off; needs ``early_transcribe``): the agent also starts the answer then, held back until the
     turn ends and taken back exactly if the caller goes on (each session is opened with
-    ``rewind_tokens=AHEAD_TOKENS``, 96, which widens its bound by 7 blocks of 16); ``smart_turn``:
+    ``rewind_tokens=AHEAD_TOKENS``, 96, which widens its bound by 7 blocks of 16); ``pause``: the
+    seconds of quiet after which both start (``VoiceAgent(pause=...)``, 0.2); ``smart_turn``:
     smart-turn v3 (``SmartTurn``) ends a turn at such a pause when the caller sounds finished.
     ``whisper_window``: the seconds of audio the default voice's Whisper reads for a short
     utterance (``WhisperSTT(window=...)``: 10; 30 is Whisper's full window).
@@ -65,7 +66,8 @@ class ServerConfig:
     max_reply_tokens: int = 48
     decode_tokens: int = 4
     early_transcribe: bool = True
-    answer_ahead: bool = True
+    answer_ahead: bool = False
+    pause: float = 0.2
     smart_turn: bool = False
     whisper_window: float = DEFAULT_WINDOW
     demo_page: bool = True
@@ -80,6 +82,8 @@ class ServerConfig:
             raise ValueError(f"max_peers must be an int >= 1, got {self.max_peers!r}; try 8")
         if isinstance(self.max_body, bool) or not isinstance(self.max_body, int) or self.max_body < 1024:
             raise ValueError(f"max_body must be an int >= 1024 bytes, got {self.max_body!r}; try 65536")
+        if isinstance(self.pause, bool) or not isinstance(self.pause, int | float) or not 0 < self.pause <= 2:
+            raise ValueError(f"pause must be in (0, 2] seconds, got {self.pause!r}; try 0.2")
         for name in ("early_transcribe", "answer_ahead", "smart_turn"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")

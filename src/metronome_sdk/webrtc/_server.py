@@ -374,6 +374,7 @@ class WebRTCServer:
                     on_latency=self._observe,
                     early_transcribe=self.config.early_transcribe,
                     answer_ahead=self.config.answer_ahead,
+                    pause=self.config.pause,
                     turn_model=self._turn_model,
                 )
                 await agent.run()
