@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from ..voice._admission import DEFAULT_OBJECTIVE
 from ..voice._whisper import DEFAULT_WINDOW, check_window
@@ -72,6 +73,21 @@ class ServerConfig:
     whisper_window: float = DEFAULT_WINDOW
     demo_page: bool = True
     voice_objective: float | None = DEFAULT_OBJECTIVE
+
+    @property
+    def rewind_tokens(self) -> int:
+        """What each caller's session may take back (``Session(rewind_tokens=...)``): 0 unless answering ahead."""
+        return AHEAD_TOKENS if self.early_transcribe and self.answer_ahead else 0
+
+    def agent_options(self) -> dict[str, Any]:
+        """The default voice agent's settings from this config (``VoiceAgent``'s keyword arguments)."""
+        return {
+            "max_reply_tokens": self.max_reply_tokens,
+            "decode_tokens": self.decode_tokens,
+            "early_transcribe": self.early_transcribe,
+            "answer_ahead": self.answer_ahead,
+            "pause": self.pause,
+        }
 
     def __post_init__(self) -> None:
         if isinstance(self.port, bool) or not isinstance(self.port, int) or not 0 <= self.port <= 65535:

@@ -35,7 +35,7 @@ from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
 from ..voice._turn import SmartTurn
 from ..voice._vad import VoiceActivityDetector, default_turn_detector
-from ._config import AHEAD_TOKENS, ServerConfig
+from ._config import ServerConfig
 from ._peer import WebRTCPeer
 
 __all__ = ["PeerHandler", "ServerConfig", "WebRTCServer"]
@@ -326,8 +326,8 @@ class WebRTCServer:
             except AdmissionRejected as exc:
                 return _refuse(503, "voice_objective", str(exc), _retry_after(exc.retry_after))
         try:
-            ahead = self._handler is None and self.config.early_transcribe and self.config.answer_ahead
-            session = self.engine.try_session(self.config.system_prompt, rewind_tokens=AHEAD_TOKENS if ahead else 0)
+            rewind = self.config.rewind_tokens if self._handler is None else 0  # a handler's sessions take no marks
+            session = self.engine.try_session(self.config.system_prompt, rewind_tokens=rewind)
         except Overloaded as exc:
             return _refuse(503, "admission_rejected", str(exc), _retry_after(exc.retry_after))
         except (EngineClosed, SessionClosed) as exc:
@@ -369,13 +369,9 @@ class WebRTCServer:
                     stt=self._stt,
                     tts=self._tts,
                     vad=self._vad(),
-                    max_reply_tokens=self.config.max_reply_tokens,
-                    decode_tokens=self.config.decode_tokens,
                     on_latency=self._observe,
-                    early_transcribe=self.config.early_transcribe,
-                    answer_ahead=self.config.answer_ahead,
-                    pause=self.config.pause,
                     turn_model=self._turn_model,
+                    **self.config.agent_options(),
                 )
                 await agent.run()
         except MetronomeError as exc:
