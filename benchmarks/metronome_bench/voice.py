@@ -117,7 +117,8 @@ class TurnResult:
     ``voice_to_voice``: seconds on the caller's clock from its last speech frame to the first
     reply frame above ``LOUD`` (``None``: no reply came within the turn's timeout). ``heard``
     and ``answer`` are the server's final transcripts of the turn; ``server`` its ``latency``
-    event (the stages, in seconds) when it sent one.
+    event (the stages, in seconds) when it sent one, and ``ahead`` whether that event says the
+    turn was answered ahead (``None``: no event).
     """
 
     callers: int
@@ -128,6 +129,7 @@ class TurnResult:
     heard: str
     answer: str
     server: dict[str, float] | None
+    ahead: bool | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -139,6 +141,7 @@ class TurnResult:
             "heard": self.heard,
             "answer": self.answer,
             "server": self.server,
+            "ahead": self.ahead,
         }
 
 
@@ -325,9 +328,14 @@ async def call(
                 await asyncio.sleep(0.1)
             events = peer.events[seen:]
             latency = next((e for e in events if e.get("type") == "latency"), None)
-            server = None
-            if latency is not None:
-                server = {k: float(v) for k, v in latency.items() if k != "type" and isinstance(v, int | float)}
+            server, ahead = None, None
+            if latency is not None:  # the stages in seconds; a flag is no stage
+                server = {
+                    k: float(v)
+                    for k, v in latency.items()
+                    if k != "type" and isinstance(v, int | float) and not isinstance(v, bool)
+                }
+                ahead = latency.get("ahead") is True
             results.append(
                 TurnResult(
                     callers=callers,
@@ -338,6 +346,7 @@ async def call(
                     heard=" ".join(_final(events, "user")),
                     answer=" ".join(_final(events, "assistant")),
                     server=server,
+                    ahead=ahead,
                 )
             )
     finally:
@@ -402,6 +411,7 @@ def summarize(callers: int, results: Sequence[TurnResult], refused: Sequence[dic
         "refused_within_s": max((r["seconds"] for r in refused), default=None),
         "turns": len(results),
         "no_reply": sum(r.voice_to_voice is None for r in results),
+        "answered_ahead": sum(r.ahead is True for r in results),
         "p50": nearest_rank(heard, 50),
         "p95": nearest_rank(heard, 95),
         "max": max(heard) if heard else None,

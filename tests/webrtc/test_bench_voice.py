@@ -77,6 +77,7 @@ async def test_a_server_that_answers_ahead_sends_the_answer_of_the_pause_once_th
         results = await run_round(server.url, questions, callers=1, turns=2, timeout=20)
     for r in results:
         assert r.voice_to_voice is not None and r.heard == "hello there" and r.answer
-        assert r.server is not None and r.server["ahead"] == 1.0  # answered ahead, then confirmed
+        assert r.ahead is True and r.server is not None and "ahead" not in r.server  # answered ahead, confirmed
+    assert summarize(1, results)["answered_ahead"] == 2
     stats = tiny_engine.stats()
     assert stats.sessions == 0 and stats.used_blocks == 0  # the held blocks went back with the call
