@@ -510,20 +510,25 @@ class Engine(SessionHost, embedded=True):
         self._door.room()
         return True
 
-    async def _on_core(self, slot: SessionState, fn: Callable[[EngineBackend], T]) -> T:
-        """``fn(core)`` on the core thread, once no tick in flight holds the session (a hold, a rewind)."""
-        loop, shared = self._loop, self._shared
-        assert loop is not None and shared is not None
+    async def _out_of_tick(self, slot: SessionState) -> None:
+        """Return once no tick in flight holds the session (it finished, or was abandoned)."""
+        loop = self._loop
+        assert loop is not None
         while slot.in_tick:
             await loop.tick_finished.wait()
+
+    async def _on_core(self, slot: SessionState, fn: Callable[[EngineBackend], T]) -> T:
+        """``fn(core)`` on the core thread, once no tick in flight holds the session (a hold, a rewind)."""
+        shared = self._shared
+        assert shared is not None
+        await self._out_of_tick(slot)
         return await self._worker.call(fn, shared.core)
 
     async def _free(self, slot: SessionState) -> None:
-        loop, shared = self._loop, self._shared
-        assert loop is not None and shared is not None
+        shared = self._shared
+        assert shared is not None
         # a tick in flight may be opening this session's sequence: let it finish (or be abandoned) first
-        while slot.in_tick:
-            await loop.tick_finished.wait()
+        await self._out_of_tick(slot)
         seq_id, slot.seq_id = slot.seq_id, None
         if seq_id is None:
             return

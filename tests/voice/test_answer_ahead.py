@@ -31,12 +31,12 @@ async def _until(check: Callable[[], bool]) -> None:
 Call = tuple[VoiceAgent, list[dict[str, object]], int, tuple[int, int]]
 
 
-async def _call(engine: Engine, script: Script, *, ahead: bool) -> Call:
+async def _call(engine: Engine, script: Script, *, ahead: bool, rewind_tokens: int = 64) -> Call:
     """One call on ``engine``: the agent's counts, its events, the samples of speech it sent, and the
     session's (tokens, turns) at the end."""
     events: list[dict[str, object]] = []
     sent = 0
-    async with engine.session("be brief", rewind_tokens=64) as session, MemoryTransport() as transport:
+    async with engine.session("be brief", rewind_tokens=rewind_tokens) as session, MemoryTransport() as transport:
         agent = VoiceAgent(
             session,
             transport,
@@ -128,31 +128,11 @@ async def test_a_caller_who_goes_on_gets_the_answer_withdrawn_and_the_context_as
 
 
 async def test_without_rewind_tokens_nothing_is_answered_ahead() -> None:
+    async def script(transport: MemoryTransport, session: object, events: list[dict[str, object]], ahead: bool) -> None:
+        await transport.push_audio(np.concatenate([_tone(0.8), _quiet(1.2)]), RATE)
+        await _answered(transport, events)
+
     engine = make_engine()
-    async with engine, engine.session("be brief") as session, MemoryTransport() as transport:
-        agent = VoiceAgent(
-            session,
-            transport,
-            stt=SizeSTT(),
-            tts=ToneTTS(),
-            vad=VoiceActivityDetector(),
-            early_transcribe=True,
-            answer_ahead=True,
-        )
-        events: list[dict[str, object]] = []
-
-        async def read() -> None:
-            async for event in transport.events():
-                events.append(event)
-
-        async with anyio.create_task_group() as tg:
-            tg.start_soon(read)
-            await transport.push_audio(np.concatenate([_tone(0.8), _quiet(1.2)]), RATE)
-
-            async def hang_up() -> None:
-                await _answered(transport, events)
-
-            tg.start_soon(hang_up)
-            with anyio.fail_after(60):
-                await agent.run()
+    async with engine:
+        agent, events, _, _ = await _call(engine, script, ahead=True, rewind_tokens=0)
     assert agent.answered_ahead == agent.withdrawn_ahead == 0 and _final_answers(events)

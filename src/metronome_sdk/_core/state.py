@@ -31,7 +31,6 @@ class ContextSnapshot:
     """Everything the engine side knows of a session's context at a mark (``SessionState.snapshot``)."""
 
     num_tokens: int
-    num_blocks: int
     feedback: tuple[int, int] | None
     with_next_frame: tuple[int, ...]
     rendered: bool
@@ -111,7 +110,6 @@ class SessionState:
         """The context as it is now (call when ``quiet()``): what ``restore`` goes back to."""
         return ContextSnapshot(
             num_tokens=self.num_tokens,
-            num_blocks=self.num_blocks,
             feedback=self.feedback,
             with_next_frame=tuple(self.with_next_frame),
             rendered=self.rendered,

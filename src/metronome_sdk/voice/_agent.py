@@ -617,7 +617,6 @@ class VoiceAgent:
             await ahead.settled.wait()
             if ahead.withdrawn:
                 return False
-            await ahead.flush(self.transport)
         if ahead.withdrawn:
             await self._settle(turn)
             return False
@@ -764,7 +763,7 @@ class VoiceAgent:
             return
         if turn.ahead is not None:  # answered ahead: its speech waits for the turn's end
             await turn.ahead.settled.wait()
-            if turn.ahead.withdrawn or turn.number <= self._cut:
+            if turn.number <= self._cut:  # withdrawn (a withdrawal cuts its turn) or cut since
                 return
             await turn.ahead.flush(self.transport)
         pcm = pcm16(samples)
