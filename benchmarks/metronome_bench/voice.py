@@ -118,7 +118,8 @@ class TurnResult:
     reply frame above ``LOUD`` (``None``: no reply came within the turn's timeout). ``heard``
     and ``answer`` are the server's final transcripts of the turn; ``server`` its ``latency``
     event (the stages, in seconds) when it sent one, and ``ahead`` whether that event says the
-    turn was answered ahead (``None``: no event).
+    turn was answered ahead (``None``: no event). ``frames``: the tokens each reply frame carried,
+    in order (``Session.decode_tokens`` asks for several; the tick grants what its budget has room for).
     """
 
     callers: int
@@ -130,6 +131,7 @@ class TurnResult:
     answer: str
     server: dict[str, float] | None
     ahead: bool | None = None
+    frames: tuple[int, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -142,6 +144,7 @@ class TurnResult:
             "answer": self.answer,
             "server": self.server,
             "ahead": self.ahead,
+            "frames": list(self.frames),
         }
 
 
@@ -347,6 +350,7 @@ async def call(
                     answer=" ".join(_final(events, "assistant")),
                     server=server,
                     ahead=ahead,
+                    frames=tuple(int(e.get("tokens", 0)) for e in events if e.get("type") == "frame"),
                 )
             )
     finally:

@@ -32,6 +32,8 @@ async def test_two_callers_each_time_their_turns_and_get_the_servers_breakdown(t
         assert r.heard == "hello there"  # the tiny server's recognizer hears that in everything
         assert r.answer  # the tiny model said something, whatever it is
         assert r.server is not None and r.server["voice_to_voice"] > 0
+        assert r.frames and all(n >= 1 for n in r.frames)  # each reply frame's tokens, as the server sent them
+        assert r.as_dict()["frames"] == list(r.frames)
     s = summarize(2, results)
     assert s["turns"] == 4 and s["no_reply"] == 0
     assert s["p50"] is not None and s["p95"] is not None and s["p50"] <= s["p95"]
