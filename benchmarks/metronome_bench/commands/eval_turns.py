@@ -1,4 +1,4 @@
-"""``metronome eval turns``: the wait to end a turn and the turns ended too soon, by silence and by smart-turn v3."""
+"""``metronome eval turns``: the wait to end a turn and the turns ended too soon, by silence and by turn models."""
 
 from __future__ import annotations
 
@@ -25,6 +25,16 @@ def _silences(text: str) -> tuple[float, ...]:
     return values
 
 
+MODELS = ("smart-turn", "words", "both")
+
+
+def _models(text: str) -> tuple[str, ...]:
+    values = tuple(x.strip() for x in text.split(",") if x.strip())
+    if not values or any(v not in MODELS for v in values):
+        raise argparse.ArgumentTypeError(f"--models takes some of {','.join(MODELS)}, comma-separated; got {text!r}")
+    return values
+
+
 def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--voices", type=parse_voices, default=VOICES, help=f"who speaks, comma-separated (default {','.join(VOICES)})"
@@ -33,16 +43,23 @@ def _add(p: argparse.ArgumentParser) -> None:
         "--silences",
         type=_silences,
         default=(0.55, 1.0),
-        help="the fixed silences tried, alone and after smart-turn (default 0.55,1.0 s)",
+        help="the fixed silences tried, alone and after each turn model (default 0.55,1.0 s)",
     )
-    p.add_argument("--pause", type=float, default=0.2, help="seconds of pause before smart-turn is asked (default 0.2)")
+    p.add_argument(
+        "--models",
+        type=_models,
+        default=MODELS,
+        help="the turn models tried at a pause, each before every silence: smart-turn (the sound), words "
+        "(TextTurn on Whisper's transcript), both (both must say finished); default all three",
+    )
+    p.add_argument("--pause", type=float, default=0.2, help="seconds of pause before a model is asked (default 0.2)")
     p.add_argument("--sentences", type=int, default=None, help="the first N of the ten sentences (default all)")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for turns.json (default bench-out/)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
 def _run(args: argparse.Namespace) -> int:
-    from metronome_sdk.voice import SileroClassifier, SmartTurn, VoiceActivityDetector
+    from metronome_sdk.voice import SileroClassifier, SmartTurn, TextTurn, VoiceActivityDetector, WhisperSTT
 
     from ..eval.turns import PAUSED, Policy, record, run_policy, summarize
     from ..voice import machine
@@ -57,14 +74,23 @@ def _run(args: argparse.Namespace) -> int:
         voices = open_voices(stack, args.voices)
         with progress_bar(len(sentences) * len(voices), "sentences spoken") as bar:
             recordings = record(voices, sentences, on_recording=lambda: bar.update(1))
-    model = SmartTurn()
-    model.load()
+    sound = SmartTurn()
+    sound.load()
+    words = TextTurn()
+    words.load()
+    stt = WhisperSTT()
 
     def silero(seconds: float) -> Any:
         return lambda: VoiceActivityDetector(classifier=SileroClassifier(), end_silence=seconds)
 
     policies = [Policy(f"silence {s:g} s", silero(s)) for s in args.silences]
-    policies += [Policy(f"smart-turn, else silence {s:g} s", silero(s), model, args.pause) for s in args.silences]
+    for name in args.models:
+        hears = sound if name in ("smart-turn", "both") else None
+        reads = words if name in ("words", "both") else None
+        policies += [
+            Policy(f"{name}, else silence {s:g} s", silero(s), hears, args.pause, reads, stt if reads else None)
+            for s in args.silences
+        ]
     results: list[list[Any]] = [[] for _ in policies]
     with progress_bar(len(policies) * len(recordings), "recordings heard") as bar:
         for recording in recordings:  # each recording by every policy in turn: the machine's load falls on all
@@ -72,7 +98,7 @@ def _run(args: argparse.Namespace) -> int:
                 results[i].append(run_policy(policy, recording))
                 bar.update(1)
     summaries = [summarize(p, r) for p, r in zip(policies, results, strict=True)]
-    silence_only = summaries[: len(args.silences)]
+    silence_only = summaries[: len(args.silences)] * len(args.models)
     for summary, baseline in zip(summaries[len(args.silences) :], silence_only, strict=True):
         # what the model changes against the same silence alone
         summary["against"] = baseline["policy"]
@@ -82,6 +108,7 @@ def _run(args: argparse.Namespace) -> int:
         )
     report: dict[str, Any] = {
         "voices": list(args.voices),
+        "models": {"smart-turn": repr(sound), "words": repr(words), "stt": repr(stt)},
         "sentences": [f"{a} {b}" for a, b in sentences],
         "policies": summaries,
         "machine": {**machine(), "load_avg_before": load_before},
@@ -127,7 +154,7 @@ def _run(args: argparse.Namespace) -> int:
 EVAL_TURNS = Command(
     "eval",
     "turns",
-    "the wait to end a turn and the false ends at mid-sentence pauses, by silence and by smart-turn v3",
+    "the wait to end a turn and the false ends at mid-sentence pauses, by silence and by turn models",
     _add,
     _run,
 )

@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from metronome_sdk.voice import TextToSpeech, TurnModel, VoiceActivityDetector, resample
+from metronome_sdk.voice import SpeechToText, TextToSpeech, TextTurnModel, TurnModel, VoiceActivityDetector, resample
 
 __all__ = ["PAUSED", "Policy", "Recording", "TurnResult", "record", "run_policy"]
 
@@ -96,12 +96,25 @@ def record(
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """A turn detector: ``vad`` (made fresh for each recording), and a ``model`` asked at ``pause`` s."""
+    """A turn detector: ``vad`` (made fresh for each recording), and the models asked at ``pause`` s.
+
+    ``model`` hears the audio; ``words`` reads what ``stt`` heard up to the pause. Given both, both
+    must say finished."""
 
     name: str
     vad: Callable[[], VoiceActivityDetector]
     model: TurnModel | None = None
     pause: float = 0.2
+    words: TextTurnModel | None = None
+    stt: SpeechToText | None = None
+
+    def __post_init__(self) -> None:
+        if self.words is not None and self.stt is None:
+            raise ValueError("a words model reads a transcript: give the policy an stt")
+
+    @property
+    def asks(self) -> bool:
+        return self.model is not None or self.words is not None
 
 
 @dataclass(slots=True)
@@ -113,6 +126,7 @@ class TurnResult:
     model_seconds: list[float] = field(default_factory=list)
     asked_at: list[float] = field(default_factory=list)  # seconds into the recording
     probabilities: list[float] = field(default_factory=list)  # where the model tells one (SmartTurn)
+    heard: list[str] = field(default_factory=list)  # the transcript at each pause asked (a words model)
 
     @property
     def false_end(self) -> bool:
@@ -139,22 +153,31 @@ def run_policy(policy: Policy, recording: Recording) -> TurnResult:
             result.ends.append(now)
             asked = None
             continue
-        if policy.model is None or vad.pause < policy.pause:
+        if not policy.asks or vad.pause < policy.pause:
             continue
         heard = vad.heard_so_far()
         audio = vad.audio_so_far()
         if heard is None or audio is None or heard.size == asked:
             continue
         asked = heard.size
-        began = time.perf_counter()
-        probability = getattr(policy.model, "probability", None)
-        if callable(probability):
-            p = float(probability(audio))
-            complete = p > float(getattr(policy.model, "threshold", 0.5))
-            result.probabilities.append(p)
-        else:
-            complete = policy.model.complete(audio)
-        delay = time.perf_counter() - began
+        complete, delay = True, 0.0
+        if policy.model is not None:
+            began = time.perf_counter()
+            probability = getattr(policy.model, "probability", None)
+            if callable(probability):
+                p = float(probability(audio))
+                complete = p > float(getattr(policy.model, "threshold", 0.5))
+                result.probabilities.append(p)
+            else:
+                complete = policy.model.complete(audio)
+            delay = time.perf_counter() - began
+        if policy.words is not None and policy.stt is not None:
+            began = time.perf_counter()  # the agent transcribes the pause, then reads it
+            text = policy.stt.transcribe(heard, RATE)
+            finished = bool(text.strip()) and policy.words.finished(text)
+            delay = max(delay, time.perf_counter() - began)  # beside the sound model, as the agent runs them
+            complete = complete and finished
+            result.heard.append(text.strip())
         result.model_seconds.append(delay)
         result.asked_at.append(now)
         if complete:
@@ -180,7 +203,7 @@ def summarize(policy: Policy, results: Sequence[TurnResult]) -> dict[str, Any]:
     }
     report: dict[str, Any] = {
         "policy": policy.name,
-        "pause": policy.pause if policy.model is not None else None,
+        "pause": policy.pause if policy.asks else None,
         "whole": {
             "recordings": len(whole),
             "wait_median": _median(waits(whole)),
@@ -207,6 +230,7 @@ def summarize(policy: Policy, results: Sequence[TurnResult]) -> dict[str, Any]:
                 "false_end": r.false_end,
                 "asked_at": [round(a, 3) for a in r.asked_at],
                 "probabilities": [round(p, 4) for p in r.probabilities],
+                "heard": r.heard,
             }
             for r in results
         ],

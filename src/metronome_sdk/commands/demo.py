@@ -48,6 +48,20 @@ def _add(p: argparse.ArgumentParser) -> None:
         help="end a turn at a short pause when smart-turn v3 hears the caller finished (default off)",
     )
     p.add_argument(
+        "--text-turn",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="end a turn at a short pause when its transcript reads as finished (TextTurn; with --smart-turn, "
+        "both must say so; default off; needs --early-transcribe)",
+    )
+    p.add_argument(
+        "--end-silence",
+        type=float,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="seconds of quiet that end a turn no turn model ended (default 0.55 with Silero VAD)",
+    )
+    p.add_argument(
         "--pause",
         type=float,
         default=argparse.SUPPRESS,
@@ -115,7 +129,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from ..webrtc import ServerConfig, WebRTCServer, demo_engine
 
     token = os.environ.get(TOKEN_ENV) or None
-    optional = ("voice_objective", "decode_tokens", "whisper_window", "pause")
+    optional = ("voice_objective", "decode_tokens", "whisper_window", "pause", "end_silence")
     given = {name: getattr(args, name) for name in optional if hasattr(args, name)}
     config = ServerConfig(
         host=args.host,
@@ -125,6 +139,7 @@ async def _serve(args: argparse.Namespace) -> int:
         early_transcribe=args.early_transcribe,
         answer_ahead=args.answer_ahead,
         smart_turn=args.smart_turn,
+        text_turn=args.text_turn,
         **given,
     )
     if not _loopback(args.host) and token is None:

@@ -5,7 +5,8 @@ voice plugs in. The default voice (the ``[voice]`` extra) is ``WhisperSTT`` (Whi
 and ``PiperTTS`` (Piper's joe voice, run as its own process); ``PocketSphinxSTT`` and
 ``EspeakTTS`` are the light alternatives. ``VoiceActivityDetector`` takes turns with a
 ``SileroClassifier`` (Silero VAD) or a ``LoudnessClassifier``; ``SmartTurn`` (Pipecat's
-smart-turn v3) ends a turn at a short pause when the caller sounds finished. ``resample`` brings
+smart-turn v3) ends a turn at a short pause when the caller sounds finished, ``TextTurn`` when the
+words so far read as finished. ``resample`` brings
 speech to the rate a recognizer or a transport wants (PyAV).
 """
 
@@ -15,6 +16,7 @@ from ._espeak import EspeakTTS
 from ._piper import PiperTTS
 from ._pocketsphinx import PocketSphinxSTT
 from ._protocols import Playback, SpeechToText, TextToSpeech
+from ._text_turn import TextTurn, TextTurnModel
 from ._turn import SmartTurn, TurnModel
 from ._vad import (
     LoudnessClassifier,
@@ -36,6 +38,8 @@ __all__ = [
     "SpeechClassifier",
     "SpeechToText",
     "TextToSpeech",
+    "TextTurn",
+    "TextTurnModel",
     "TurnLatency",
     "TurnModel",
     "VoiceActivityDetector",

@@ -37,6 +37,7 @@ from .._session import Interrupted, Session
 from ..transports._base import Event, Transport
 from ._ahead import MARGIN, Ahead
 from ._protocols import Playback, SpeechToText, TextToSpeech
+from ._text_turn import TextTurnModel
 from ._turn import TurnModel
 from ._vad import VoiceActivityDetector
 
@@ -197,8 +198,9 @@ class VoiceAgent:
     if the turn ends with nothing said since, that transcript is the turn's, and only what is
     left of it is waited for (one such transcription in flight at a time: a pause while one
     runs is skipped until it is done). With ``turn_model`` (``SmartTurn``), the same pause asks
-    the model whether the caller has finished: when it says so, the turn ends there instead of
-    after ``vad``'s silence.
+    the model whether the caller sounds finished; with ``text_turn`` (``TextTurn``, which needs
+    ``early_transcribe``), whether the pause's transcript reads as finished. When every model
+    given says so, the turn ends there instead of after ``vad``'s silence.
 
     Answering ahead: with ``answer_ahead`` and a session opened with ``rewind_tokens``,
     once a pause's transcript is ready while the caller is still quiet, the agent also starts
@@ -242,6 +244,7 @@ class VoiceAgent:
         clause_words: int = 3,
         early_transcribe: bool = False,
         turn_model: TurnModel | None = None,
+        text_turn: TextTurnModel | None = None,
         pause: float = 0.2,
         on_latency: Callable[[TurnLatency], None] | None = None,
         answer_ahead: bool = False,
@@ -264,6 +267,10 @@ class VoiceAgent:
             raise ValueError(f"pause must be in (0, 2] seconds, got {pause!r}; try 0.2")
         if turn_model is not None and not isinstance(turn_model, TurnModel):
             raise ValueError(f"turn_model must have complete(samples) and sample_rate, got {turn_model!r}")
+        if text_turn is not None and not isinstance(text_turn, TextTurnModel):
+            raise ValueError(f"text_turn must have finished(text), got {text_turn!r}")
+        if text_turn is not None and not early_transcribe:
+            raise ValueError("text_turn reads the transcript of each pause: give early_transcribe=True as well")
         if decode_tokens is not None:
             session.decode_tokens = decode_tokens  # checked by the session; the agent is its consumer
         self.session = session
@@ -278,6 +285,7 @@ class VoiceAgent:
         self.early_transcribe = early_transcribe
         self.answer_ahead = answer_ahead
         self.turn_model = turn_model
+        self.text_turn = text_turn
         self.pause = pause
         self.max_reply_tokens = max_reply_tokens
         self.stats_interval = stats_interval
@@ -310,6 +318,8 @@ class VoiceAgent:
         self._transcribing = False  # an early transcription is in flight (at most one)
         self._asked: tuple[int, int] | None = None  # (utterance, samples) the turn model was last asked about
         self._asking = False  # the turn model is being asked (at most one question in flight)
+        # what the turn models said of one pause: (utterance, samples) and {"sound"/"words": finished}
+        self._verdict: tuple[tuple[int, int], dict[str, bool]] | None = None
 
     async def run(self) -> None:
         engine = self.session.engine
@@ -444,6 +454,14 @@ class VoiceAgent:
             self._transcribing = False
             early.done.set()
         self._start_ahead(early)
+        key = (early.utterance, early.samples)
+        if self.text_turn is not None and early.text and self._heard_key() == key:
+            try:
+                finished = await anyio.to_thread.run_sync(self.text_turn.finished, early.text)
+            except Exception as exc:  # a broken model costs only its saving: the silence still ends the turn
+                self._log.warning("voice.text_turn_failed", error=repr(exc))
+                finished = False
+            self._judged(key, "words", finished)
 
     def _start_ahead(self, early: _Early) -> None:
         """The pause's transcript is ready and the caller is still quiet: answer it now, tentatively."""
@@ -479,9 +497,16 @@ class VoiceAgent:
             complete = False
         finally:
             self._asking = False
-        if not complete:
-            return
-        if self.vad.speaking and (self._utterance, self.vad.heard_samples) == key:  # nothing said since the question
+        self._judged(key, "sound", complete)
+
+    def _judged(self, key: tuple[int, int], by: str, finished: bool) -> None:
+        """A turn model's word on the pause ``key``: the turn ends there once every model given says finished."""
+        verdict = self._verdict
+        if verdict is None or verdict[0] != key:
+            verdict = self._verdict = (key, {})
+        verdict[1][by] = finished
+        asked = [m for m, model in (("sound", self.turn_model), ("words", self.text_turn)) if model is not None]
+        if all(verdict[1].get(m, False) for m in asked) and self._heard_key() == key:  # nothing said since
             self._end_turn(self.vad.end_turn(), self._last_frame)
 
     async def _barge_in(self) -> None:

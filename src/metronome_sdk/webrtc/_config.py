@@ -43,7 +43,11 @@ class ServerConfig:
     turn ends and taken back exactly if the caller goes on (each session is opened with
     ``rewind_tokens=AHEAD_TOKENS``, 96, which widens its bound by 7 blocks of 16); ``pause``: the
     seconds of quiet after which both start (``VoiceAgent(pause=...)``, 0.2); ``smart_turn``:
-    smart-turn v3 (``SmartTurn``) ends a turn at such a pause when the caller sounds finished.
+    smart-turn v3 (``SmartTurn``) ends a turn at such a pause when the caller sounds finished;
+    ``text_turn`` (needs ``early_transcribe``): ``TextTurn`` ends it there when the pause's transcript reads as
+    finished (with ``smart_turn`` as well, both must say so). ``end_silence``: the seconds of quiet that end
+    a turn no model ended (``default_turn_detector``: 0.55 with Silero VAD); longer with a turn model,
+    which then ends most finished turns at the short pause.
     ``whisper_window``: the seconds of audio the default voice's Whisper reads for a short
     utterance (``WhisperSTT(window=...)``: 10; 30 is Whisper's full window).
     ``voice_objective``: the default voice agent's callers are admitted only while each can
@@ -70,6 +74,8 @@ class ServerConfig:
     answer_ahead: bool = False
     pause: float = 0.2
     smart_turn: bool = False
+    text_turn: bool = False
+    end_silence: float | None = None
     whisper_window: float = DEFAULT_WINDOW
     demo_page: bool = True
     voice_objective: float | None = DEFAULT_OBJECTIVE
@@ -100,9 +106,19 @@ class ServerConfig:
             raise ValueError(f"max_body must be an int >= 1024 bytes, got {self.max_body!r}; try 65536")
         if isinstance(self.pause, bool) or not isinstance(self.pause, int | float) or not 0 < self.pause <= 2:
             raise ValueError(f"pause must be in (0, 2] seconds, got {self.pause!r}; try 0.2")
-        for name in ("early_transcribe", "answer_ahead", "smart_turn"):
+        for name in ("early_transcribe", "answer_ahead", "smart_turn", "text_turn"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
+        if self.end_silence is not None and (
+            isinstance(self.end_silence, bool)
+            or not isinstance(self.end_silence, int | float)
+            or not 0 < self.end_silence <= 10
+        ):
+            raise ValueError(
+                f"end_silence must be in (0, 10] seconds, or None for the detector's; got {self.end_silence!r}"
+            )
+        if self.text_turn and not self.early_transcribe:
+            raise ValueError("text_turn reads the transcript of each pause: it needs early_transcribe=True")
         if isinstance(self.decode_tokens, bool) or not isinstance(self.decode_tokens, int) or self.decode_tokens < 1:
             raise ValueError(f"decode_tokens must be an int >= 1, got {self.decode_tokens!r}; try 4")
         check_window(self.whisper_window)

@@ -11,6 +11,7 @@ Cross-origin requests are refused unless ``ServerConfig.allow_origins`` names th
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import time
@@ -33,6 +34,7 @@ from ..voice._agent import TurnLatency, VoiceAgent, error_event
 from ..voice._default import load_voice
 from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
+from ..voice._text_turn import TextTurn
 from ..voice._turn import SmartTurn
 from ..voice._vad import VoiceActivityDetector, default_turn_detector
 from ._config import ServerConfig
@@ -106,7 +108,7 @@ class WebRTCServer:
         self._stt = stt
         self._tts = tts
         self._handler = handler
-        self._vad = vad or default_turn_detector
+        self._vad = vad or functools.partial(default_turn_detector, self.config.end_silence)
         # the voice is timed at start-up only where the server loads it: a voice of the caller's
         # choosing is not called before a caller speaks, and the first turns calibrate instead
         self._probe = stt is None and tts is None
@@ -114,6 +116,7 @@ class WebRTCServer:
         if handler is None and self.config.voice_objective is not None:
             self.voice_admission = VoiceAdmission(self.config.voice_objective, retry_after=self.config.busy_retry_after)
         self._turn_model: SmartTurn | None = None
+        self._text_turn: TextTurn | None = None
         self._own_voice: list[PiperTTS] = []  # the voices this server started, and stops
         self._log = get_logger()
         self._peers: dict[WebRTCPeer, asyncio.Task[None]] = {}
@@ -180,6 +183,10 @@ class WebRTCServer:
             model = SmartTurn()
             model.load()
             self._turn_model = model
+        if self.config.text_turn and self._text_turn is None:
+            words = TextTurn()
+            words.load()
+            self._text_turn = words
 
     def _probe_voice(self, admission: VoiceAdmission) -> None:
         assert self._stt is not None and self._tts is not None
@@ -371,6 +378,7 @@ class WebRTCServer:
                     vad=self._vad(),
                     on_latency=self._observe,
                     turn_model=self._turn_model,
+                    text_turn=self._text_turn,
                     **self.config.agent_options(),
                 )
                 await agent.run()

@@ -1,0 +1,159 @@
+"""The end of a turn by its words: ``TextTurn`` on the real model, and the agent asking it at a pause."""
+
+from __future__ import annotations
+
+import anyio
+import numpy as np
+import numpy.typing as npt
+import pytest
+
+from metronome_bench.eval.turns import Policy, Recording, run_policy
+from metronome_sdk.transports import MemoryTransport
+from metronome_sdk.voice import TextTurn, TextTurnModel, VoiceActivityDetector, VoiceAgent
+from tests.sdk.conftest import make_engine
+from tests.voice.test_listening_ahead import RATE, SizeSTT, Verdict, _heard, _quiet, _tone, _until_answered
+from tests.voice.test_turns import _talk
+from tests.webrtc.conftest import ToneTTS
+
+pytestmark = pytest.mark.timeout(180)
+
+
+class Words:
+    """A words model that says the same of every transcript; records what it read."""
+
+    def __init__(self, finished: bool) -> None:
+        self.answer = finished
+        self.read: list[str] = []
+
+    def finished(self, text: str) -> bool:
+        self.read.append(text)
+        return self.answer
+
+
+async def _one_turn(agent_kwargs: dict[str, object], audio: npt.NDArray[np.int16]) -> tuple[list[object], SizeSTT]:
+    engine = make_engine()
+    await engine.start()
+    stt = SizeSTT()
+    try:
+        async with engine.session("be brief") as session, MemoryTransport() as transport:
+            agent = VoiceAgent(session, transport, stt=stt, tts=ToneTTS(), turn_gap=10.0, **agent_kwargs)  # type: ignore[arg-type]
+            events = await _talk(agent, transport, _until_answered(transport, audio))
+    finally:
+        await engine.aclose()
+    return _heard(events), stt
+
+
+async def test_the_words_model_ends_the_turn_at_the_pause_before_the_silence_would() -> None:
+    words = Words(finished=True)
+    # the silence would take 3 s and no audio gap ends it: only the words model can end this turn
+    vad = VoiceActivityDetector(end_silence=3.0)
+    heard, stt = await _one_turn(
+        {"vad": vad, "early_transcribe": True, "text_turn": words}, np.concatenate([_tone(0.8), _quiet(0.6)])
+    )
+    assert heard == [f"heard {stt.calls[0]}"]
+    assert words.read == [f"heard {stt.calls[0]}"]  # it read the pause's transcript, which is the turn's
+
+
+async def test_every_model_given_must_say_finished() -> None:
+    sound, words = Verdict(complete=True), Words(finished=False)
+    vad = VoiceActivityDetector(end_silence=3.0)
+    engine = make_engine()
+    await engine.start()
+    stt = SizeSTT()
+    try:
+        async with engine.session("be brief") as session, MemoryTransport() as transport:
+            agent = VoiceAgent(
+                session,
+                transport,
+                stt=stt,
+                tts=ToneTTS(),
+                vad=vad,
+                turn_gap=10.0,
+                early_transcribe=True,
+                turn_model=sound,
+                text_turn=words,
+            )
+
+            async def script(events: list[dict[str, object]]) -> None:
+                await transport.push_audio(np.concatenate([_tone(0.8), _quiet(0.6)]), RATE)
+                with anyio.fail_after(30):
+                    while not (sound.asked and words.read):
+                        await anyio.sleep(0.01)
+                await anyio.sleep(0.2)  # the sound says finished, the words not: no turn may end now
+                assert not _heard(events)
+                words.answer = True  # the caller goes on, and at the next pause both say finished
+                await transport.push_audio(np.concatenate([_tone(0.8), _quiet(0.6)]), RATE)
+                with anyio.fail_after(30):
+                    while not _heard(events):
+                        await anyio.sleep(0.02)
+                transport.hang_up()
+
+            events = await _talk(agent, transport, script)
+    finally:
+        await engine.aclose()
+    [heard] = _heard(events)  # one turn, both parts, ended at the second pause, well before 3 s of silence
+    assert heard == f"heard {stt.calls[-1]}" and stt.calls[-1] >= 1.6 * RATE
+    assert len(sound.asked) == 2 and len(words.read) == 2
+
+
+async def test_agent_checks_the_words_model() -> None:
+    stt, tts = SizeSTT(), ToneTTS()
+    assert isinstance(Words(True), TextTurnModel)
+    engine = make_engine()
+    await engine.start()
+    try:
+        async with engine.session() as session, MemoryTransport() as transport:
+            with pytest.raises(ValueError, match="text_turn must have finished"):
+                VoiceAgent(session, transport, stt=stt, tts=tts, early_transcribe=True, text_turn=object())  # type: ignore[arg-type]
+            with pytest.raises(ValueError, match="early_transcribe=True"):
+                VoiceAgent(session, transport, stt=stt, tts=tts, text_turn=Words(True))
+    finally:
+        await engine.aclose()
+
+
+def test_eval_turns_asks_the_words_model_at_each_pause_and_counts_a_false_end() -> None:
+    # a first phrase, a pause, the rest: a words model that says finished cuts the sentence at its pause
+    samples = np.concatenate([_quiet(0.5), _tone(0.8), _quiet(0.5), _tone(0.8), _quiet(2.0)])
+    recording = Recording("a ... b", "tone", samples, speech_end=2.6, gap=0.5, gap_start=1.3)
+    vad = lambda: VoiceActivityDetector(end_silence=1.0)  # noqa: E731
+    eager = run_policy(Policy("words", vad, words=Words(True), stt=SizeSTT()), recording)
+    patient = run_policy(Policy("words", vad, words=Words(False), stt=SizeSTT()), recording)
+    assert eager.false_end and len(eager.heard) >= 1
+    assert not patient.false_end and patient.wait is not None and patient.wait >= 0.9  # the silence ended it
+    with pytest.raises(ValueError, match="stt"):
+        Policy("words", vad, words=Words(True))
+
+
+# the real model ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def text_turn() -> TextTurn:
+    model = TextTurn()
+    model.load()
+    return model
+
+
+def test_a_half_question_reads_unfinished_and_a_whole_one_finished(text_turn: TextTurn) -> None:
+    half, whole = (
+        text_turn.probability("What is the capital of"),
+        text_turn.probability("What is the capital of France"),
+    )
+    assert half < text_turn.threshold < whole
+    assert not text_turn.finished("What is the capital of") and text_turn.finished("What is the capital of France")
+
+
+def test_the_recognizers_closing_punctuation_is_not_read(text_turn: TextTurn) -> None:
+    # Whisper punctuates a fragment as a whole sentence: "What is the capital of?" must still read as half
+    assert text_turn.prompt(" What is the capital of? ") == text_turn.prompt("What is the capital of")
+    assert not text_turn.finished("What is the capital of?")
+    assert text_turn.prompt("one two") != text_turn.prompt("one two three")
+
+
+def test_text_turn_checks_its_input(text_turn: TextTurn) -> None:
+    with pytest.raises(ValueError, match="words heard"):
+        text_turn.probability("   ")
+    assert not text_turn.finished("")
+    for bad in (0.0, 1.0, True, "0.5"):
+        with pytest.raises(ValueError, match="threshold"):
+            TextTurn(threshold=bad)  # type: ignore[arg-type]
