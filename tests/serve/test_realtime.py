@@ -57,7 +57,9 @@ def detector() -> VoiceActivityDetector:
     return VoiceActivityDetector(end_silence=0.3)
 
 
-def realtime_server(engine: Engine, *, speech: float = 0.6, tts: ToneTTS | None = None, **config: Any) -> ChatServer:
+def realtime_server(
+    engine: Engine, *, speech: float = 0.6, tts: ToneTTS | None = None, text_turn: Any = None, **config: Any
+) -> ChatServer:
     """``speech``: the seconds of tone each clause of a reply is spoken as."""
     # a tone voice and a tiny engine say nothing of what callers would hear: admission on the
     # voice-to-voice objective has its own test below
@@ -69,6 +71,7 @@ def realtime_server(engine: Engine, *, speech: float = 0.6, tts: ToneTTS | None 
         stt=FixedSTT("hello"),
         tts=tts or ToneTTS(seconds=speech, rate=16000),
         vad=detector,
+        text_turn=text_turn,
     )
 
 

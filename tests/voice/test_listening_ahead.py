@@ -286,6 +286,10 @@ def test_eval_turns_prints_the_wait_and_the_false_ends(capsys: pytest.CaptureFix
         "silence 1 s",
         "smart-turn, else silence 0.55 s",
         "smart-turn, else silence 1 s",
+        "words, else silence 0.55 s",
+        "words, else silence 1 s",
+        "both, else silence 0.55 s",
+        "both, else silence 1 s",
     ]
     for p in policies.values():
         assert p["whole"]["recordings"] == p["paused"]["recordings"] == 2
@@ -295,8 +299,17 @@ def test_eval_turns_prints_the_wait_and_the_false_ends(capsys: pytest.CaptureFix
     assert policies["silence 1 s"]["whole"]["wait_median"] > policies["silence 0.55 s"]["whole"]["wait_median"] + 0.4
     smart = policies["smart-turn, else silence 0.55 s"]
     assert smart["model_calls"] >= 4 and smart["against"] == "silence 0.55 s" and "thresholds" in smart
+    words = policies["words, else silence 1 s"]
+    assert words["model_calls"] >= 4 and words["against"] == "silence 1 s"
+    heard = [h for r in words["recordings"] for h in r["heard"]]
+    assert heard and all(isinstance(h, str) for h in heard)  # what Whisper heard at each pause asked
+    # "What is the capital of ... France?": the words at its pause read unfinished, so only the silence ends it
+    capital = next(r for r in words["recordings"] if r["text"] == "What is the capital of ... France?")
+    assert not capital["false_end"]
     with pytest.raises(SystemExit):
         main(["eval", "turns", "--silences", "9"])
+    with pytest.raises(SystemExit):
+        main(["eval", "turns", "--models", "sound"])
     assert main(["eval", "turns", "--sentences", "11"]) == 2
 
 

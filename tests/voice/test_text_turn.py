@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import anyio
 import numpy as np
 import numpy.typing as npt
 import pytest
 
-from metronome_bench.eval.turns import Policy, Recording, run_policy
+from metronome_bench.eval.turns import CHOOSING, PAUSED, Policy, Recording, choose_threshold, run_policy
+from metronome_sdk.cli import main
 from metronome_sdk.transports import MemoryTransport
 from metronome_sdk.voice import TextTurn, TextTurnModel, VoiceActivityDetector, VoiceAgent
 from tests.sdk.conftest import make_engine
@@ -157,3 +161,24 @@ def test_text_turn_checks_its_input(text_turn: TextTurn) -> None:
     for bad in (0.0, 1.0, True, "0.5"):
         with pytest.raises(ValueError, match="threshold"):
             TextTurn(threshold=bad)  # type: ignore[arg-type]
+
+
+def test_the_threshold_is_chosen_on_sentences_the_eval_does_not_score() -> None:
+    assert not {a for a, _ in CHOOSING} & {a for a, _ in PAUSED}
+    # a model that reads the first five first phrases as finished, and every whole sentence but the last
+    firsts = {a: (0.3 if i < 5 else 0.01) for i, (a, _) in enumerate(CHOOSING)}
+    wholes = {f"{a} {b}": (0.02 if i == len(CHOOSING) - 1 else 0.9) for i, (a, b) in enumerate(CHOOSING)}
+    report = choose_threshold(lambda text: firsts.get(text, wholes.get(text, 0.0)))
+    assert report["best"]["above"] == 0.3 and report["best"]["below"] == 0.9  # every whole but one, no first phrase
+    assert report["best"]["j"] == pytest.approx(0.95)
+
+
+def test_eval_turns_chooses_the_threshold_on_its_own_sentences(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    assert main(["eval", "turns", "--choose-threshold", "--out", str(tmp_path), "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report == json.loads((tmp_path / "threshold.json").read_text())
+    assert len(report["sentences"]) == len(CHOOSING)
+    best = report["best"]
+    assert best["above"] < TextTurn().threshold <= best["below"]  # the default sits in the best split

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 from pathlib import Path
 from typing import Any
 
 from metronome_sdk.cli import Command
 
+from ._common import save_report
 from ._output import emit_json, print_table, progress_bar
 from .bench_voice import VOICES, parse_voices
 from .eval_voice import open_voices
@@ -52,13 +52,44 @@ def _add(p: argparse.ArgumentParser) -> None:
         help="the turn models tried at a pause, each before every silence: smart-turn (the sound), words "
         "(TextTurn on Whisper's transcript), both (both must say finished); default all three",
     )
+    p.add_argument(
+        "--choose-threshold",
+        action="store_true",
+        help="only choose the words model's threshold, on 20 sentences of its own (text, not the recordings); "
+        "writes threshold.json",
+    )
     p.add_argument("--pause", type=float, default=0.2, help="seconds of pause before a model is asked (default 0.2)")
     p.add_argument("--sentences", type=int, default=None, help="the first N of the ten sentences (default all)")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for turns.json (default bench-out/)")
     p.add_argument("--json", action="store_true", help="print JSON")
 
 
+def _choose(args: argparse.Namespace) -> int:
+    from metronome_sdk.voice import TextTurn
+
+    from ..eval.turns import choose_threshold
+    from ..voice import machine
+
+    words = TextTurn()
+    report = {"model": repr(words), **choose_threshold(words.probability), "machine": machine()}
+    saved = save_report(report, args.out, "threshold")
+    if args.json:
+        emit_json(report)
+        return 0
+    rows = [[f"{r['p_first']:.4f}", f"{r['p_whole']:.4f}", r["whole"]] for r in report["sentences"]]
+    print_table(["p(finished) first phrase", "p(finished) whole", "sentence"], rows)
+    best = report["best"]
+    print(
+        f"best split: any threshold in ({best['above']:.4f}, {best['below']:.4f}] "
+        f"(whole read as finished minus first phrases: {best['j']:.2f}); TextTurn's default: {words.threshold}"
+    )
+    print(f"report: {saved}")
+    return 0
+
+
 def _run(args: argparse.Namespace) -> int:
+    if args.choose_threshold:
+        return _choose(args)
     from metronome_sdk.voice import SileroClassifier, SmartTurn, TextTurn, VoiceActivityDetector, WhisperSTT
 
     from ..eval.turns import PAUSED, Policy, record, run_policy, summarize
@@ -113,9 +144,7 @@ def _run(args: argparse.Namespace) -> int:
         "policies": summaries,
         "machine": {**machine(), "load_avg_before": load_before},
     }
-    args.out.mkdir(parents=True, exist_ok=True)
-    saved = args.out / "turns.json"
-    saved.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+    saved = save_report(report, args.out, "turns")
     if args.json:
         emit_json(report)
         return 0

@@ -22,7 +22,7 @@ import numpy.typing as npt
 
 from metronome_sdk.voice import SpeechToText, TextToSpeech, TextTurnModel, TurnModel, VoiceActivityDetector, resample
 
-__all__ = ["PAUSED", "Policy", "Recording", "TurnResult", "record", "run_policy"]
+__all__ = ["CHOOSING", "PAUSED", "Policy", "Recording", "TurnResult", "choose_threshold", "record", "run_policy"]
 
 RATE = 16000
 FRAME = RATE // 50  # 20 ms
@@ -41,6 +41,58 @@ PAUSED: tuple[tuple[str, str], ...] = (
     ("Who wrote the play", "Romeo and Juliet?"),
 )
 GAPS = (0.4, 0.5, 0.6)  # seconds of silence in the middle, in turn
+
+# the words model's threshold is chosen on these, never on PAUSED (which scores it)
+CHOOSING: tuple[tuple[str, str], ...] = (
+    ("How many days are there", "in a leap year?"),
+    ("What is the tallest mountain", "in the world?"),
+    ("Set a timer", "for ten minutes."),
+    ("Who painted", "the Mona Lisa?"),
+    ("What should I cook", "for dinner tonight?"),
+    ("Can you tell me", "a joke?"),
+    ("What is the boiling point", "of water?"),
+    ("Remind me to call my mother", "at six."),
+    ("How do you say hello", "in Spanish?"),
+    ("What is the difference between", "a frog and a toad?"),
+    ("Play some music", "by the Beatles."),
+    ("Where do penguins", "live?"),
+    ("Is it going to rain", "this weekend?"),
+    ("I would like to book a table", "for two people."),
+    ("What are the three primary", "colors?"),
+    ("Give me a recipe", "for pancakes."),
+    ("How long does it take to", "fly to Tokyo?"),
+    ("Which planet is", "closest to the sun?"),
+    ("Explain how a rainbow", "is formed."),
+    ("What year did the first man", "walk on the moon?"),
+)
+
+
+def choose_threshold(probability: Callable[[str], float]) -> dict[str, Any]:
+    """The words model on ``CHOOSING``'s text: each threshold's whole sentences and first phrases read as finished.
+
+    ``best`` is the range of thresholds that separate them best (most whole, fewest first
+    phrases: Youden's J), from the probabilities themselves."""
+    firsts = [probability(a) for a, _ in CHOOSING]
+    wholes = [probability(f"{a} {b}") for a, b in CHOOSING]
+    rows = [
+        {"first": a, "whole": f"{a} {b}", "p_first": pf, "p_whole": pw}
+        for (a, b), pf, pw in zip(CHOOSING, firsts, wholes, strict=True)
+    ]
+    cuts = sorted(set(firsts) | set(wholes))
+    sweep: list[dict[str, float]] = []
+    for low, high in zip([0.0, *cuts], [*cuts, 1.0], strict=True):  # every threshold in (low, high) splits alike
+        whole = sum(p > low for p in wholes) / len(wholes)
+        first = sum(p > low for p in firsts) / len(firsts)
+        sweep.append(
+            {"above": low, "below": high, "whole_finished": whole, "first_finished": first, "j": whole - first}
+        )
+    top = max(s["j"] for s in sweep)
+    best = [s for s in sweep if s["j"] == top]
+    return {
+        "sentences": rows,
+        "sweep": sweep,
+        "best": {"above": best[0]["above"], "below": best[-1]["below"], "j": top},
+    }
 
 
 @dataclass(frozen=True, slots=True)

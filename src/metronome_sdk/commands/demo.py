@@ -50,9 +50,9 @@ def _add(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--text-turn",
         action=argparse.BooleanOptionalAction,
-        default=False,
+        default=True,
         help="end a turn at a short pause when its transcript reads as finished (TextTurn; with --smart-turn, "
-        "both must say so; default off; needs --early-transcribe)",
+        "both must say so; default on; needs --early-transcribe)",
     )
     p.add_argument(
         "--end-silence",
@@ -65,7 +65,7 @@ def _add(p: argparse.ArgumentParser) -> None:
         "--pause",
         type=float,
         default=argparse.SUPPRESS,
-        help="seconds of pause after which the agent transcribes (and answers) ahead (default 0.2)",
+        help="seconds of pause after which the agent transcribes ahead and asks the turn models (default 0.1)",
     )
     p.add_argument(
         "--whisper-window",

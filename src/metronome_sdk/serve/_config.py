@@ -51,6 +51,10 @@ class RealtimeConfig:
     ``max_buffer_seconds``. ``send_timeout``: a client that stops reading for that long is
     disconnected and its session closed. ``audio_lead``: how far ahead of real time reply
     audio is sent, so that ``response.cancel`` and a barge-in cut what was not yet sent.
+    ``semantic_silence``: under ``semantic_vad`` the words model (``TextTurn``) ends a turn at a
+    short pause when the words read as finished; ``semantic_silence`` is the silence that ends the
+    others (1 s: the words model ends most finished turns sooner, and a longer silence cuts fewer
+    half-sentences; ``metronome eval turns``). ``server_vad`` keeps the turn detector's own (0.55 s).
     """
 
     instructions: str = "Answer the question in one short English sentence."
@@ -60,6 +64,7 @@ class RealtimeConfig:
     max_buffer_seconds: float = 60.0
     send_timeout: float = 5.0
     audio_lead: float = 0.5
+    semantic_silence: float = 1.0
     voice_objective: float | None = DEFAULT_OBJECTIVE
 
     def __post_init__(self) -> None:
@@ -73,6 +78,9 @@ class RealtimeConfig:
         _number("max_buffer_seconds", self.max_buffer_seconds, low=0, hint="try 60 (seconds of audio)")
         _number("send_timeout", self.send_timeout, low=0, hint="try 5 (seconds)")
         _number("audio_lead", self.audio_lead, low=0, open_low=False, hint="try 0.5 (seconds)")
+        _number("semantic_silence", self.semantic_silence, low=0, hint="try 1.0 (seconds)")
+        if self.semantic_silence > 10:
+            raise ValueError(f"semantic_silence must be at most 10 seconds, got {self.semantic_silence!r}; try 1.0")
 
     @property
     def max_append_bytes(self) -> int:

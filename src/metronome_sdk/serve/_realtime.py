@@ -9,7 +9,9 @@ barge-in cuts the audio not yet sent. The voice turn itself (turn detection, tra
 first clause spoken while the rest decodes, barge-in) is the agent's, the same as over WebRTC.
 
 Turn detection ``server_vad`` / ``semantic_vad``: the agent's detector ends turns and each
-is answered. ``null``: appended audio waits in a buffer; ``input_audio_buffer.commit`` makes
+is answered; ``semantic_vad`` also asks the words model (``TextTurn``) at each short pause
+and ends the turn there when the words so far read as finished, else after
+``semantic_silence``. ``null``: appended audio waits in a buffer; ``input_audio_buffer.commit`` makes
 it a user item and ``response.create`` answers it (or the typed items since the last reply).
 The session opens before the upgrade (a refusal is an HTTP 429 or 503); the agent starts at
 the first audio or ``response.create``, and until then a ``session.update`` may change the
@@ -46,6 +48,7 @@ from .._session import Session
 from ..transports._base import Event
 from ..voice._agent import TurnLatency, VoiceAgent
 from ..voice._protocols import SpeechToText, TextToSpeech
+from ..voice._text_turn import TextTurnModel
 from ..voice._vad import VoiceActivityDetector
 from . import _realtime_protocol as rt
 from ._config import RealtimeConfig
@@ -56,6 +59,8 @@ _FRAME_SECONDS = 0.02  # the agent hears 20 ms frames, as over WebRTC: a barge-i
 _CHUNK = rt.RATE // 10  # reply audio goes out in 100 ms deltas
 _CLOSE_OVERLOADED = 1013  # WebSocket "try again later"
 _CLOSE_FAILED = 1011
+_SERVER_PAUSE = 0.2  # server_vad: the pause at which the turn's transcript starts (VoiceAgent's default)
+_SEMANTIC_PAUSE = 0.1  # semantic_vad: the words model decides at it, as in the WebRTC demo
 
 
 @dataclass(eq=False)
@@ -105,8 +110,10 @@ class RealtimeTransport:
         tts: TextToSpeech,
         vad: Callable[[], VoiceActivityDetector],
         on_latency: Callable[[TurnLatency], None] | None = None,
+        text_turn: TextTurnModel | None = None,
     ) -> None:
         self.ws = ws
+        self._text_turn = text_turn
         self._on_latency = on_latency
         self.engine = engine
         self.session = session
@@ -117,6 +124,9 @@ class RealtimeTransport:
         self._request = request
         self._stt, self._tts = stt, tts
         self.vad = vad()
+        self._server_silence = (
+            self.vad.end_silence
+        )  # server_vad's; semantic_vad waits longer for what the words left open
         self._id = rt.new_id("sess")
         self._log = get_logger(session_id=session.id)
         self._agent: VoiceAgent | None = None
@@ -229,6 +239,7 @@ class RealtimeTransport:
         if settings.turn_detection != self.settings.turn_detection:
             self._clear_input()
         self.settings = settings
+        self._listen_by_words()
         if self._agent is not None:
             self._agent.barge_in = 0.06 if settings.interrupt_response else None
             self._agent.max_reply_tokens = self._reply_tokens()
@@ -416,8 +427,18 @@ class RealtimeTransport:
                 early_transcribe=True,  # as the WebRTC demo's agent: the turn's transcript starts at a pause
                 on_latency=self._on_latency,
             )
+            self._listen_by_words()
             self._tg.start_soon(self._run_agent, self._agent)
         return self._agent
+
+    def _listen_by_words(self) -> None:
+        """``semantic_vad``: the words model may end a turn at a short pause, and the silence waits longer."""
+        semantic = self.settings.turn_detection == "semantic_vad" and self._text_turn is not None
+        self.vad.end_silence = self.config.semantic_silence if semantic else self._server_silence
+        if self._agent is not None:
+            self._agent.text_turn = self._text_turn if semantic else None
+            # the words are read at the pause: a shorter one, as the WebRTC demo's (docs/voice-agent.md)
+            self._agent.pause = _SEMANTIC_PAUSE if semantic else _SERVER_PAUSE
 
     def _reply_tokens(self) -> int:
         limit = self.settings.max_output_tokens
@@ -760,13 +781,24 @@ async def serve_realtime(  # the handler's body, for ChatServer
     tts: TextToSpeech,
     vad: Callable[[], VoiceActivityDetector],
     on_latency: Callable[[TurnLatency], None] | None = None,
+    text_turn: TextTurnModel | None = None,
 ) -> web.WebSocketResponse:
     ws = web.WebSocketResponse(max_msg_size=config.max_message_bytes, heartbeat=30.0)
     transport: RealtimeTransport | None = None
     try:
         await ws.prepare(request)
         transport = RealtimeTransport(
-            ws, request, engine, session, config=config, model=model, stt=stt, tts=tts, vad=vad, on_latency=on_latency
+            ws,
+            request,
+            engine,
+            session,
+            config=config,
+            model=model,
+            stt=stt,
+            tts=tts,
+            vad=vad,
+            on_latency=on_latency,
+            text_turn=text_turn,
         )
         await transport.run()
     finally:

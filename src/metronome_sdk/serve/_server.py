@@ -50,6 +50,7 @@ from ..voice._admission import VoiceAdmission
 from ..voice._agent import TurnLatency
 from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
+from ..voice._text_turn import TextTurnModel
 from ..voice._vad import VoiceActivityDetector, default_turn_detector
 from . import _openai as oai
 from ._config import ServeConfig
@@ -108,7 +109,9 @@ class ChatServer:
     With ``config.realtime``, ``/v1/realtime`` answers speech with the demo's voice:
     ``stt`` and ``tts`` (by default Whisper tiny.en and Piper's joe voice, the ``[voice]``
     extra, loaded by ``start()``), and a turn detector per connection from ``vad``
-    (by default ``default_turn_detector``).
+    (by default ``default_turn_detector``). ``text_turn`` reads the words at a pause under
+    ``semantic_vad`` (by default ``TextTurn``, loaded by ``start()`` with the default voice;
+    with a voice of your own, ``semantic_vad`` ends turns as ``server_vad`` unless you give one).
     """
 
     def __init__(
@@ -120,6 +123,7 @@ class ChatServer:
         stt: SpeechToText | None = None,
         tts: TextToSpeech | None = None,
         vad: Callable[[], VoiceActivityDetector] | None = None,
+        text_turn: TextTurnModel | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise ValueError(f"engine must be a metronome Engine, got {type(engine).__name__}")
@@ -131,6 +135,9 @@ class ChatServer:
         self._sampling = sampling
         self._stt, self._tts, self._vad = stt, tts, vad
         self._own_voice: list[PiperTTS] = []  # the voices this server started, and stops
+        if text_turn is not None and not isinstance(text_turn, TextTurnModel):
+            raise ValueError(f"text_turn must have finished(text), got {text_turn!r}")
+        self._text_turn = text_turn
         realtime = self.config.realtime
         # Realtime callers are admitted on what they hear too; the voice is timed at start-up
         # only where the server loads it (a voice given here calibrates from its first turns)
@@ -201,8 +208,13 @@ class ChatServer:
 
     def _load_voice(self) -> None:
         from ..voice._default import load_voice  # the [voice] extra, only where /v1/realtime is served
+        from ..voice._text_turn import TextTurn
 
         self._stt, self._tts = load_voice(self._stt, self._tts, self._own_voice)
+        if self._text_turn is None and self._probe:  # semantic_vad's words model, beside the default voice
+            words = TextTurn()
+            words.load()
+            self._text_turn = words
 
     def _probe_voice(self, admission: VoiceAdmission) -> None:
         assert self._stt is not None and self._tts is not None
@@ -419,6 +431,7 @@ class ChatServer:
             tts=self._tts,
             vad=self._vad or default_turn_detector,
             on_latency=self._observe,
+            text_turn=self._text_turn,
         )
 
     # replies ---------------------------------------------------------------------------------------

@@ -224,8 +224,16 @@ class VoiceActivityDetector:
 
     @property
     def end_silence(self) -> float:
-        """The seconds of non-speech that end an utterance."""
+        """The seconds of non-speech that end an utterance; set it to change that for the turns to come."""
         return self._end_silence * self._window_seconds
+
+    @end_silence.setter
+    def end_silence(self, seconds: float) -> None:
+        if isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0.0 <= seconds <= 10.0:
+            raise ValueError(f"end_silence must be in [0, 10] seconds, got {seconds!r}")
+        if not self._max_windows * self._window_seconds > seconds:
+            raise ValueError(f"end_silence ({seconds!r} s) must stay below max_utterance")
+        self._end_silence = max(1, round(seconds / self._window_seconds))
 
     def __repr__(self) -> str:
         return f"VoiceActivityDetector({self.classifier!r}, end_silence={self._end_silence * self._window_seconds:g} s)"

@@ -42,12 +42,14 @@ class ServerConfig:
     (off; needs ``early_transcribe``): the agent also starts the answer then, held back until the
     turn ends and taken back exactly if the caller goes on (each session is opened with
     ``rewind_tokens=AHEAD_TOKENS``, 96, which widens its bound by 7 blocks of 16); ``pause``: the
-    seconds of quiet after which both start (``VoiceAgent(pause=...)``, 0.2); ``smart_turn``:
-    smart-turn v3 (``SmartTurn``) ends a turn at such a pause when the caller sounds finished;
-    ``text_turn`` (needs ``early_transcribe``): ``TextTurn`` ends it there when the pause's transcript reads as
-    finished (with ``smart_turn`` as well, both must say so). ``end_silence``: the seconds of quiet that end
-    a turn no model ended (``default_turn_detector``: 0.55 with Silero VAD); longer with a turn model,
-    which then ends most finished turns at the short pause.
+    seconds of quiet after which they start (``VoiceAgent(pause=...)``; 0.1 here, where the words
+    model decides at it); ``text_turn`` (on, with ``early_transcribe``): ``TextTurn`` ends the turn at
+    such a pause when its transcript reads as finished, else the silence does (measured in
+    docs/voice-agent.md: the median caller waits less, a few more half-sentences are answered);
+    ``smart_turn``: smart-turn v3 (``SmartTurn``) must also hear the caller finished (alone, when
+    ``text_turn`` is off). ``end_silence``: the seconds of quiet that end a turn no model ended
+    (``default_turn_detector``: 0.55 with Silero VAD); 1.0 halves the half-sentences answered
+    with the words model on, at the cost of the turns it misreads.
     ``whisper_window``: the seconds of audio the default voice's Whisper reads for a short
     utterance (``WhisperSTT(window=...)``: 10; 30 is Whisper's full window).
     ``voice_objective``: the default voice agent's callers are admitted only while each can
@@ -72,9 +74,9 @@ class ServerConfig:
     decode_tokens: int = 4
     early_transcribe: bool = True
     answer_ahead: bool = False
-    pause: float = 0.2
+    pause: float = 0.1
     smart_turn: bool = False
-    text_turn: bool = False
+    text_turn: bool = True
     end_silence: float | None = None
     whisper_window: float = DEFAULT_WINDOW
     demo_page: bool = True
@@ -117,8 +119,6 @@ class ServerConfig:
             raise ValueError(
                 f"end_silence must be in (0, 10] seconds, or None for the detector's; got {self.end_silence!r}"
             )
-        if self.text_turn and not self.early_transcribe:
-            raise ValueError("text_turn reads the transcript of each pause: it needs early_transcribe=True")
         if isinstance(self.decode_tokens, bool) or not isinstance(self.decode_tokens, int) or self.decode_tokens < 1:
             raise ValueError(f"decode_tokens must be an int >= 1, got {self.decode_tokens!r}; try 4")
         check_window(self.whisper_window)

@@ -34,7 +34,7 @@ from ..voice._agent import TurnLatency, VoiceAgent, error_event
 from ..voice._default import load_voice
 from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
-from ..voice._text_turn import TextTurn
+from ..voice._text_turn import TextTurn, TextTurnModel
 from ..voice._turn import SmartTurn
 from ..voice._vad import VoiceActivityDetector, default_turn_detector
 from ._config import ServerConfig
@@ -81,7 +81,9 @@ class WebRTCServer:
     once per peer; by default ``default_turn_detector``); its callers are admitted on
     ``config.voice_objective`` too (``voice_admission``, a ``VoiceAdmission``; the default
     voice is timed on one question at start-up, a voice given here by the turns it answers),
-    before the engine's admission is asked.
+    before the engine's admission is asked. With ``config.text_turn`` the agent also ends a turn at
+    a short pause when ``text_turn`` reads the words so far as finished (by default ``TextTurn``,
+    loaded with the default voice; with a voice of your own, give one, or only the silence ends turns).
     When the handler returns or
     fails, or the peer hangs up or vanishes, the peer connection and the session are
     closed and the session's blocks go back to the pool. ``async with`` starts and stops
@@ -98,9 +100,12 @@ class WebRTCServer:
         tts: TextToSpeech | None = None,
         handler: PeerHandler | None = None,
         vad: Callable[[], VoiceActivityDetector] | None = None,
+        text_turn: TextTurnModel | None = None,
     ) -> None:
         if not isinstance(engine, Engine):
             raise ValueError(f"engine must be a metronome Engine, got {type(engine).__name__}")
+        if text_turn is not None and not isinstance(text_turn, TextTurnModel):
+            raise ValueError(f"text_turn must have finished(text), got {text_turn!r}")
         if handler is not None and (stt is not None or tts is not None):
             raise ValueError("give a handler, or stt and tts for the default voice agent, not both")
         self.engine = engine
@@ -116,7 +121,7 @@ class WebRTCServer:
         if handler is None and self.config.voice_objective is not None:
             self.voice_admission = VoiceAdmission(self.config.voice_objective, retry_after=self.config.busy_retry_after)
         self._turn_model: SmartTurn | None = None
-        self._text_turn: TextTurn | None = None
+        self._text_turn = text_turn
         self._own_voice: list[PiperTTS] = []  # the voices this server started, and stops
         self._log = get_logger()
         self._peers: dict[WebRTCPeer, asyncio.Task[None]] = {}
@@ -183,7 +188,7 @@ class WebRTCServer:
             model = SmartTurn()
             model.load()
             self._turn_model = model
-        if self.config.text_turn and self._text_turn is None:
+        if self._reads_words and self._text_turn is None and self._probe:  # beside the default voice
             words = TextTurn()
             words.load()
             self._text_turn = words
@@ -194,6 +199,11 @@ class WebRTCServer:
         rest = self._vad().end_silence + 4 * self.engine.timing.period
         transcribe, synthesize = admission.probe(self._stt, self._tts, rest=rest)
         self._log.info("webrtc.voice_probe", transcribe=round(transcribe, 3), synthesize=round(synthesize, 3))
+
+    @property
+    def _reads_words(self) -> bool:
+        """The words model reads the transcript of each pause: there is none without early transcription."""
+        return self.config.text_turn and self.config.early_transcribe
 
     @property
     def url(self) -> str:
@@ -378,7 +388,7 @@ class WebRTCServer:
                     vad=self._vad(),
                     on_latency=self._observe,
                     turn_model=self._turn_model,
-                    text_turn=self._text_turn,
+                    text_turn=self._text_turn if self._reads_words else None,
                     **self.config.agent_options(),
                 )
                 await agent.run()
