@@ -182,3 +182,20 @@ def test_eval_turns_chooses_the_threshold_on_its_own_sentences(
     assert len(report["sentences"]) == len(CHOOSING)
     best = report["best"]
     assert best["above"] < TextTurn().threshold <= best["below"]  # the default sits in the best split
+
+
+def test_a_call_reads_the_message_after_the_template_kept_prefilled(text_turn: TextTurn) -> None:
+    from metronome_engine import StepRequest
+
+    core = text_turn._core  # the whole prompt read in a session of its own: what the kept template must equal
+    for text in ("What is the capital of", "Remind me to call my mother", "how do I make a cup of tea"):
+        seq = core.add_sequence()
+        (out,) = core.step([StepRequest(seq, text_turn.prompt(text), return_logits=True)])
+        core.free_sequence(seq)
+        assert out.logits is not None
+        whole = float(out.logits.float().softmax(-1)[text_turn._endings].sum())
+        assert text_turn.probability(text) == pytest.approx(whole, rel=1e-3, abs=1e-6)
+    used = core.pool_stats().used_blocks
+    for _ in range(20):  # long messages, one after another: the session goes back to the template each time
+        text_turn.probability(" ".join(["word"] * 80))
+    assert core.pool_stats().used_blocks == used and core.pool_stats().sequences == 1
