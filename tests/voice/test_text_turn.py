@@ -185,17 +185,21 @@ def test_eval_turns_chooses_the_threshold_on_its_own_sentences(
 
 
 def test_a_call_reads_the_message_after_the_template_kept_prefilled(text_turn: TextTurn) -> None:
-    from metronome_engine import StepRequest
+    from metronome_engine import EngineCore, KVPolicy, StepRequest
 
-    core = text_turn._core  # the whole prompt read in a session of its own: what the kept template must equal
-    for text in ("What is the capital of", "Remind me to call my mother", "how do I make a cup of tea"):
+    # the whole prompt read by an engine of its own: what the template kept prefilled must equal
+    core = EngineCore.from_pretrained(policy=KVPolicy.full(), num_blocks=16)
+    texts = ("What is the capital of", "Remind me to call my mother", "how do I make a cup of tea")
+    for text in texts:
         seq = core.add_sequence()
         (out,) = core.step([StepRequest(seq, text_turn.prompt(text), return_logits=True)])
         core.free_sequence(seq)
         assert out.logits is not None
-        whole = float(out.logits.float().softmax(-1)[text_turn._endings].sum())
+        whole = float(out.logits.float().softmax(-1)[text_turn.endings].sum())
         assert text_turn.probability(text) == pytest.approx(whole, rel=1e-3, abs=1e-6)
-    used = core.pool_stats().used_blocks
-    for _ in range(20):  # long messages, one after another: the session goes back to the template each time
+    before = [text_turn.probability(t) for t in texts]
+    # long messages, one after another: 16 blocks hold two of them, so a call that did not go back to
+    # the template (or leaked a block) would stall here, and a stale context would change the answers
+    for _ in range(20):
         text_turn.probability(" ".join(["word"] * 80))
-    assert core.pool_stats().used_blocks == used and core.pool_stats().sequences == 1
+    assert [text_turn.probability(t) for t in texts] == before

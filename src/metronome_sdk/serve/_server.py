@@ -207,14 +207,10 @@ class ChatServer:
         self._log.info("serve.listening", url=self.url, token=self.config.token is not None)
 
     def _load_voice(self) -> None:
-        from ..voice._default import load_voice  # the [voice] extra, only where /v1/realtime is served
-        from ..voice._text_turn import TextTurn
+        from ..voice._default import load_voice, load_words  # the [voice] extra, only where /v1/realtime is served
 
         self._stt, self._tts = load_voice(self._stt, self._tts, self._own_voice)
-        if self._text_turn is None and self._probe:  # semantic_vad's words model, beside the default voice
-            words = TextTurn()
-            words.load()
-            self._text_turn = words
+        self._text_turn = load_words(self._text_turn, wanted=self._probe)  # semantic_vad's, beside the default voice
 
     def _probe_voice(self, admission: VoiceAdmission) -> None:
         assert self._stt is not None and self._tts is not None

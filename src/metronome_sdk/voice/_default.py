@@ -4,9 +4,10 @@ from __future__ import annotations
 
 from ._piper import PiperTTS
 from ._protocols import SpeechToText, TextToSpeech
+from ._text_turn import TextTurn, TextTurnModel
 from ._whisper import DEFAULT_WINDOW, WhisperSTT
 
-__all__: list[str] = []  # internal: load_voice, for the WebRTC server and `metronome serve`
+__all__: list[str] = []  # internal: load_voice and load_words, for the WebRTC server and `metronome serve`
 
 
 def load_voice(
@@ -29,3 +30,13 @@ def load_voice(
         piper.load()
         tts = piper
     return stt, tts
+
+
+def load_words(given: TextTurnModel | None, *, wanted: bool) -> TextTurnModel | None:
+    """The words model a server's agents ask at a pause: ``given``, else ``TextTurn`` loaded where
+    ``wanted`` (a server loads it beside its default voice). Blocking: call it on a worker thread."""
+    if given is not None or not wanted:
+        return given
+    words = TextTurn()
+    words.load()
+    return words

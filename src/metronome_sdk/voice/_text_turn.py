@@ -80,6 +80,13 @@ class TextTurn:
         core.hold(self._seq, _HELD_TOKENS)
         self._core = core
 
+    @property
+    def endings(self) -> list[int]:
+        """The token ids whose probability says the message ends: sentence ends and the message's end marker."""
+        with self._lock:
+            self._load()
+            return list(self._endings)
+
     def prompt(self, text: str) -> list[int]:
         """The tokens the model reads: ``text`` as the user's message, left open where it stops."""
         with self._lock:

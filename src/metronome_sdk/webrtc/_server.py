@@ -12,14 +12,11 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
-import math
 import time
 from collections import deque
 from collections.abc import Awaitable, Callable
 from importlib import resources
 from types import TracebackType
-from typing import Any
 
 from aiohttp import web
 
@@ -31,14 +28,15 @@ from .._session import Session
 from ..transports._base import Transport
 from ..voice._admission import VoiceAdmission
 from ..voice._agent import TurnLatency, VoiceAgent, error_event
-from ..voice._default import load_voice
+from ..voice._default import load_voice, load_words
 from ..voice._piper import PiperTTS
 from ..voice._protocols import SpeechToText, TextToSpeech
-from ..voice._text_turn import TextTurn, TextTurnModel
+from ..voice._text_turn import TextTurnModel
 from ..voice._turn import SmartTurn
 from ..voice._vad import VoiceActivityDetector, default_turn_detector
 from ._config import ServerConfig
 from ._peer import WebRTCPeer
+from ._replies import json_errors, parse_offer, refuse, retry_after_header, short_reason
 
 __all__ = ["PeerHandler", "ServerConfig", "WebRTCServer"]
 
@@ -46,30 +44,6 @@ PeerHandler = Callable[[Session, Transport], Awaitable[None]]
 
 # the default agent hears the microphone in 20 ms frames: a barge-in is heard a frame after it is spoken
 _AGENT_FRAME_SECONDS = 0.02
-
-
-def _refuse(status: int, error: str, message: str, headers: dict[str, str] | None = None) -> web.Response:
-    return web.json_response({"error": error, "message": message}, status=status, headers=headers)
-
-
-def _retry_after(seconds: float) -> dict[str, str]:
-    return {"Retry-After": str(max(1, math.ceil(seconds)))}
-
-
-@web.middleware
-async def _json_errors(request: web.Request, handler: Callable[[web.Request], Awaitable[web.StreamResponse]]) -> Any:
-    try:
-        return await handler(request)
-    except web.HTTPException as exc:
-        if exc.status < 400:
-            raise
-        keep = {k: v for k, v in exc.headers.items() if k.lower() in ("allow", "retry-after", "www-authenticate")}
-        return _refuse(exc.status, exc.reason.lower().replace(" ", "_"), exc.reason, keep)
-    except asyncio.CancelledError:
-        raise
-    except Exception:  # a bug of ours: logged here, never shown to the client
-        get_logger().exception("webrtc.request_failed", path=request.path)
-        return _refuse(500, "internal_error", "the server failed to handle this request; see its log")
 
 
 class WebRTCServer:
@@ -130,7 +104,7 @@ class WebRTCServer:
         self._runner: web.AppRunner | None = None
         self._offers: dict[str, deque[float]] = {}  # client address -> times of its offers in the window
         self.port: int | None = None
-        self.app = web.Application(client_max_size=self.config.max_body, middlewares=[_json_errors])
+        self.app = web.Application(client_max_size=self.config.max_body, middlewares=[json_errors])
         self.app.router.add_post("/offer", self._offer)
         self.app.router.add_route("OPTIONS", "/offer", self._preflight)
         self.app.on_response_prepare.append(self._cors_headers)
@@ -188,10 +162,7 @@ class WebRTCServer:
             model = SmartTurn()
             model.load()
             self._turn_model = model
-        if self._reads_words and self._text_turn is None and self._probe:  # beside the default voice
-            words = TextTurn()
-            words.load()
-            self._text_turn = words
+        self._text_turn = load_words(self._text_turn, wanted=self._probe and self._reads_words)
 
     def _probe_voice(self, admission: VoiceAdmission) -> None:
         assert self._stt is not None and self._tts is not None
@@ -270,7 +241,7 @@ class WebRTCServer:
 
     async def _preflight(self, request: web.Request) -> web.Response:
         if self._allowed_origin(request) is None:
-            return _refuse(403, "origin_not_allowed", "cross-origin requests are refused (see allow_origins)")
+            return refuse(403, "origin_not_allowed", "cross-origin requests are refused (see allow_origins)")
         return web.Response(
             status=204,
             headers={
@@ -302,30 +273,30 @@ class WebRTCServer:
         wait = self._rate_limited(request)
         if wait is not None:
             self._log.warning("webrtc.client_rate_limited", limit=self.config.offers_per_client)
-            return _refuse(
+            return refuse(
                 429,
                 "too_many_offers",
                 f"at most {self.config.offers_per_client} offers per {self.config.offer_window:g} s from one address",
-                _retry_after(wait),
+                retry_after_header(wait),
             )
         if not self._authorized(request):
-            return _refuse(401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"})
+            return refuse(401, "unauthorized", "a valid bearer token is required", {"WWW-Authenticate": "Bearer"})
         if request.content_length is not None and request.content_length > self.config.max_body:
-            return _refuse(413, "too_large", f"the body may hold at most {self.config.max_body} bytes")
+            return refuse(413, "too_large", f"the body may hold at most {self.config.max_body} bytes")
         if request.content_type != "application/json":
             # also what makes a cross-origin page's POST need a preflight, which is refused by default
-            return _refuse(415, "unsupported_media_type", "send the offer as Content-Type: application/json")
+            return refuse(415, "unsupported_media_type", "send the offer as Content-Type: application/json")
         if self._closing:
-            return _refuse(
-                503, "shutting_down", "the server is shutting down", _retry_after(self.config.busy_retry_after)
+            return refuse(
+                503, "shutting_down", "the server is shutting down", retry_after_header(self.config.busy_retry_after)
             )
         if len(self._peers) + self._opening >= self.config.max_peers:
             self._log.warning("webrtc.peer_cap", peers=len(self._peers), max_peers=self.config.max_peers)
-            return _refuse(
+            return refuse(
                 503,
                 "too_many_peers",
                 f"{self.config.max_peers} peers are connected, the most this server takes; retry later",
-                _retry_after(self.config.busy_retry_after),
+                retry_after_header(self.config.busy_retry_after),
             )
         self._opening += 1
         try:
@@ -334,21 +305,21 @@ class WebRTCServer:
             self._opening -= 1
 
     async def _open_peer(self, request: web.Request) -> web.Response:
-        offer = _parse_offer(await request.read())
+        offer = parse_offer(await request.read())
         if isinstance(offer, web.Response):
             return offer
         if self.voice_admission is not None:
             try:  # the callers still on the line (one hanging up is not), this one not counted
                 self.voice_admission.admit(self._callers + self._opening - 1)
             except AdmissionRejected as exc:
-                return _refuse(503, "voice_objective", str(exc), _retry_after(exc.retry_after))
+                return refuse(503, "voice_objective", str(exc), retry_after_header(exc.retry_after))
         try:
             rewind = self.config.rewind_tokens if self._handler is None else 0  # a handler's sessions take no marks
             session = self.engine.try_session(self.config.system_prompt, rewind_tokens=rewind)
         except Overloaded as exc:
-            return _refuse(503, "admission_rejected", str(exc), _retry_after(exc.retry_after))
+            return refuse(503, "admission_rejected", str(exc), retry_after_header(exc.retry_after))
         except (EngineClosed, SessionClosed) as exc:
-            return _refuse(503, "engine_closed", str(exc), _retry_after(self.config.busy_retry_after))
+            return refuse(503, "engine_closed", str(exc), retry_after_header(self.config.busy_retry_after))
         peer = WebRTCPeer(
             media_timeout=self.config.media_timeout,
             max_buffered=self.config.max_buffered,
@@ -369,7 +340,7 @@ class WebRTCServer:
                 self._log.info("webrtc.bad_offer_close_failed", exc_info=True)
             finally:
                 await session.aclose()
-            return _refuse(400, "bad_offer", f"the offer cannot be served: {_short(exc)}")
+            return refuse(400, "bad_offer", f"the offer cannot be served: {short_reason(exc)}")
         self._peers[peer] = asyncio.ensure_future(self._serve(peer, session))
         self._log.info("webrtc.peer_opened", session_id=session.id, peers=len(self._peers))
         return web.json_response({"sdp": answer.sdp, "type": answer.type})
@@ -420,28 +391,3 @@ class WebRTCServer:
     def __repr__(self) -> str:
         state = "listening" if self._runner is not None else "stopped"
         return f"WebRTCServer({self.url}, peers={len(self._peers)}, {state})"
-
-
-def _short(exc: BaseException) -> str:
-    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    return text[:200]
-
-
-def _parse_offer(body: bytes) -> str | web.Response:
-    """The offer's SDP, or the 400 that says why the body is not an offer."""
-    try:
-        offer = json.loads(body)
-    except (ValueError, UnicodeDecodeError):
-        return _refuse(400, "bad_request", 'the body must be JSON: {"sdp": "...", "type": "offer"}')
-    if not isinstance(offer, dict) or offer.get("type") != "offer" or not isinstance(offer.get("sdp"), str):
-        return _refuse(400, "bad_request", 'the body must be {"sdp": "<an SDP offer>", "type": "offer"}')
-    sdp: str = offer["sdp"]
-    if not sdp.startswith("v=0") or "\nm=" not in sdp:
-        return _refuse(400, "bad_offer", "the sdp is not a session description (it starts with v=0 and has m= lines)")
-    from aiortc.sdp import SessionDescription
-
-    try:
-        SessionDescription.parse(sdp)
-    except Exception as exc:  # aiortc's parser raises whatever the text trips
-        return _refuse(400, "bad_offer", f"the sdp cannot be parsed: {_short(exc)}")
-    return sdp
