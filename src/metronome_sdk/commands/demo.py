@@ -45,7 +45,8 @@ def _add(p: argparse.ArgumentParser) -> None:
         "--smart-turn",
         action=argparse.BooleanOptionalAction,
         default=False,
-        help="end a turn at a short pause when smart-turn v3 hears the caller finished (default off)",
+        help="end a turn at a short pause when smart-turn v3 hears the caller finished (with the words model on, "
+        "both must say so; default off)",
     )
     p.add_argument(
         "--text-turn",
