@@ -124,9 +124,8 @@ class RealtimeTransport:
         self._request = request
         self._stt, self._tts = stt, tts
         self.vad = vad()
-        self._server_silence = (
-            self.vad.end_silence
-        )  # server_vad's; semantic_vad waits longer for what the words left open
+        # server_vad's silence; semantic_vad waits longer for what the words left open
+        self._server_silence = self.vad.end_silence
         self._id = rt.new_id("sess")
         self._log = get_logger(session_id=session.id)
         self._agent: VoiceAgent | None = None

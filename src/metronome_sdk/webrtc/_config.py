@@ -87,6 +87,12 @@ class ServerConfig:
         """What each caller's session may take back (``Session(rewind_tokens=...)``): 0 unless answering ahead."""
         return AHEAD_TOKENS if self.early_transcribe and self.answer_ahead else 0
 
+    @property
+    def reads_words(self) -> bool:
+        """Whether the default agent asks the words model: it reads the transcript of each pause, so only
+        with ``early_transcribe``."""
+        return self.text_turn and self.early_transcribe
+
     def agent_options(self) -> dict[str, Any]:
         """The default voice agent's settings from this config (``VoiceAgent``'s keyword arguments)."""
         return {

@@ -162,7 +162,7 @@ class WebRTCServer:
             model = SmartTurn()
             model.load()
             self._turn_model = model
-        self._text_turn = load_words(self._text_turn, wanted=self._probe and self._reads_words)
+        self._text_turn = load_words(self._text_turn, wanted=self._probe and self.config.reads_words)
 
     def _probe_voice(self, admission: VoiceAdmission) -> None:
         assert self._stt is not None and self._tts is not None
@@ -170,11 +170,6 @@ class WebRTCServer:
         rest = self._vad().end_silence + 4 * self.engine.timing.period
         transcribe, synthesize = admission.probe(self._stt, self._tts, rest=rest)
         self._log.info("webrtc.voice_probe", transcribe=round(transcribe, 3), synthesize=round(synthesize, 3))
-
-    @property
-    def _reads_words(self) -> bool:
-        """The words model reads the transcript of each pause: there is none without early transcription."""
-        return self.config.text_turn and self.config.early_transcribe
 
     @property
     def url(self) -> str:
@@ -359,7 +354,7 @@ class WebRTCServer:
                     vad=self._vad(),
                     on_latency=self._observe,
                     turn_model=self._turn_model,
-                    text_turn=self._text_turn if self._reads_words else None,
+                    text_turn=self._text_turn if self.config.reads_words else None,
                     **self.config.agent_options(),
                 )
                 await agent.run()
