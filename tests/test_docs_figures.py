@@ -87,7 +87,7 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
         "5 s": (3, "a lead the gauge is scored at (forecast.LEADS), the one issue 25's check names"),
         "20 s": (1, "the longest lead the gauge is scored at, forecast.LEADS"),
         "10 s": (
-            13,
+            18,
             "the alarm t_sat < 10 s (alarm_s = 10.0), the first 10 s that p99_after_10s_ms leaves out, "
             "and the 10 s after a hog that cap_median_after_10s leaves out",
         ),
@@ -95,7 +95,7 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
         "75 s": (1, "bench admit's run length, AdmitConfig.run_seconds = 75.0"),
         "0.75 x": (1, "the step's share of the deadline, TimingConfig.step_share = 0.75"),
         "0.8 x": (1, "the SDK's admission target, AdmissionConfig.target = 0.8"),
-        "10 %": (15, "issue 33's threshold for N* and the peak against n_sched"),
+        "10 %": (24, "issue 33's threshold for N* and the peak against n_sched"),
         "15 %": (2, "issue 25's threshold for the gauge's error, and issue 4's for N*"),
         "25 s": (1, "the run's horizon, 105 s, less the hog's end at 80 s: the run's own timeline"),
     },
@@ -231,7 +231,8 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
             "default_turn_detector()'s end_silence = 0.55, also eval turns' first --silences (policy names)",
         ),
         "0.7 s": (2, "VoiceActivityDetector's default end_silence, 0.7 (loudness)"),
-        "32 ms": (2, "Silero VAD's window, 512 samples at 16 kHz (SileroClassifier.window)"),
+        "32 ms": (3, "Silero VAD's window, 512 samples at 16 kHz (SileroClassifier.window)"),
+        "0.05 s": (1, "VoiceAgent's default transcribe_pause, TRANSCRIBE_PAUSE = 0.05"),
         "0.6 s": (3, "eval turns' longest pause, GAPS = (0.4, 0.5, 0.6), and the longest Silero wait tried"),
         "30 s": (1, "Whisper's input window, which its encoder always reads: the model's constant"),
         "0.2 s": (3, "VoiceAgent's default pause, 0.2, before hearing ahead or asking smart-turn"),

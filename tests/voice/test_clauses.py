@@ -7,12 +7,12 @@ import pytest
 from metronome_sdk.voice._agent import clause_end
 
 
-def _parts(deltas: list[str], *, min_words: int = 3) -> list[str]:
+def _parts(deltas: list[str], *, min_words: int = 3, max_words: int | None = None) -> list[str]:
     """The parts the agent would send to the voice, token by token, the last one at the reply's end."""
     parts, pending = [], ""
     for delta in deltas:
         pending += delta
-        while (end := clause_end(pending, first=not parts, min_words=min_words)) is not None:
+        while (end := clause_end(pending, first=not parts, min_words=min_words, max_words=max_words)) is not None:
             if not pending[:end].strip():
                 break
             parts.append(pending[:end].strip())
@@ -49,3 +49,41 @@ def test_a_short_opening_waits_for_more_words() -> None:
 )
 def test_marks_inside_numbers_are_no_ends(text: str, end: int | None) -> None:
     assert clause_end(text, first=False, min_words=3) == end
+
+
+def test_a_long_first_sentence_goes_after_max_words_whole_words() -> None:
+    deltas = ["The", " sky", " on", " a", " clear", " day", " is", " usually", " blue", "."]
+    deltas += [" It", " is", " a", " long", " story", " with", " no", " comma", "."]
+    # the sixth word is whole once the seventh starts; later sentences keep their ends
+    assert _parts(deltas, max_words=6) == [
+        "The sky on a clear day",
+        "is usually blue.",
+        "It is a long story with no comma.",
+    ]
+    assert _parts(deltas) == ["The sky on a clear day is usually blue.", "It is a long story with no comma."]
+
+
+def test_a_mark_before_max_words_still_ends_the_first_part() -> None:
+    assert _parts(["The", " capital", " of", " France", " is", " Paris", ".", " Yes", "."], max_words=6) == [
+        "The capital of France is Paris.",
+        "Yes.",
+    ]
+    assert _parts(["Well", ",", " the", " answer", ",", " I", " think", " is", " no", "."], max_words=4) == [
+        "Well, the answer,",
+        "I think is no.",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("text", "end"),
+    [
+        ("one two three four", None),  # the fourth word may go on: "fourteen"
+        ("one two three four ", 18),
+        ("one two three four five", 18),
+        ("It is 3.5 metres long", 16),
+        ("One, two three four five", 19),  # a comma before clause_words words is no end; the cap is
+    ],
+)
+def test_max_words_counts_whole_words_only(text: str, end: int | None) -> None:
+    assert clause_end(text, first=True, min_words=3, max_words=4) == end
+    assert clause_end(text, first=False, min_words=3, max_words=4) is None  # only the first part is capped

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import anyio
@@ -34,16 +35,27 @@ class Words:
         return self.answer
 
 
-async def _one_turn(agent_kwargs: dict[str, object], audio: npt.NDArray[np.int16]) -> tuple[list[object], SizeSTT]:
+Script = Callable[[list[dict[str, object]]], Awaitable[None]]
+
+
+async def _converse(
+    agent_kwargs: dict[str, object], script_for: Callable[[MemoryTransport], Script], stt: SizeSTT | None = None
+) -> tuple[list[dict[str, object]], SizeSTT]:
+    """One call with a listening agent (``agent_kwargs`` on top of a 10 s turn gap) and what the caller does."""
     engine = make_engine()
     await engine.start()
-    stt = SizeSTT()
+    stt = stt or SizeSTT()
     try:
         async with engine.session("be brief") as session, MemoryTransport() as transport:
             agent = VoiceAgent(session, transport, stt=stt, tts=ToneTTS(), turn_gap=10.0, **agent_kwargs)  # type: ignore[arg-type]
-            events = await _talk(agent, transport, _until_answered(transport, audio))
+            events = await _talk(agent, transport, script_for(transport))
     finally:
         await engine.aclose()
+    return events, stt
+
+
+async def _one_turn(agent_kwargs: dict[str, object], audio: npt.NDArray[np.int16]) -> tuple[list[object], SizeSTT]:
+    events, stt = await _converse(agent_kwargs, lambda transport: _until_answered(transport, audio))  # type: ignore[arg-type,return-value]
     return _heard(events), stt
 
 
@@ -60,44 +72,62 @@ async def test_the_words_model_ends_the_turn_at_the_pause_before_the_silence_wou
 
 async def test_every_model_given_must_say_finished() -> None:
     sound, words = Verdict(complete=True), Words(finished=False)
-    vad = VoiceActivityDetector(end_silence=3.0)
-    engine = make_engine()
-    await engine.start()
-    stt = SizeSTT()
-    try:
-        async with engine.session("be brief") as session, MemoryTransport() as transport:
-            agent = VoiceAgent(
-                session,
-                transport,
-                stt=stt,
-                tts=ToneTTS(),
-                vad=vad,
-                turn_gap=10.0,
-                early_transcribe=True,
-                turn_model=sound,
-                text_turn=words,
-            )
 
-            async def script(events: list[dict[str, object]]) -> None:
-                await transport.push_audio(np.concatenate([_tone(0.8), _quiet(0.6)]), RATE)
-                with anyio.fail_after(30):
-                    while not (sound.asked and words.read):
-                        await anyio.sleep(0.01)
-                await anyio.sleep(0.2)  # the sound says finished, the words not: no turn may end now
-                assert not _heard(events)
-                words.answer = True  # the caller goes on, and at the next pause both say finished
-                await transport.push_audio(np.concatenate([_tone(0.8), _quiet(0.6)]), RATE)
-                with anyio.fail_after(30):
-                    while not _heard(events):
-                        await anyio.sleep(0.02)
-                transport.hang_up()
+    def script_for(transport: MemoryTransport) -> Script:
+        async def script(events: list[dict[str, object]]) -> None:
+            await transport.push_audio(np.concatenate([_tone(0.8), _quiet(0.6)]), RATE)
+            with anyio.fail_after(30):
+                while not (sound.asked and words.read):
+                    await anyio.sleep(0.01)
+            await anyio.sleep(0.2)  # the sound says finished, the words not: no turn may end now
+            assert not _heard(events)
+            words.answer = True  # the caller goes on, and at the next pause both say finished
+            await transport.push_audio(np.concatenate([_tone(0.8), _quiet(0.6)]), RATE)
+            with anyio.fail_after(30):
+                while not _heard(events):
+                    await anyio.sleep(0.02)
+            transport.hang_up()
 
-            events = await _talk(agent, transport, script)
-    finally:
-        await engine.aclose()
+        return script
+
+    kwargs = {"vad": VoiceActivityDetector(end_silence=3.0), "early_transcribe": True, "turn_model": sound}
+    events, stt = await _converse({**kwargs, "text_turn": words}, script_for)
     [heard] = _heard(events)  # one turn, both parts, ended at the second pause, well before 3 s of silence
     assert heard == f"heard {stt.calls[-1]}" and stt.calls[-1] >= 1.6 * RATE
     assert len(sound.asked) == 2 and len(words.read) == 2
+
+
+@pytest.mark.parametrize("transcribe_pause", [0.03, None])
+async def test_a_shorter_transcribe_pause_hears_sooner_and_ends_the_turn_no_sooner(
+    transcribe_pause: float | None,
+) -> None:
+    words = Words(finished=True)
+
+    def script_for(transport: MemoryTransport) -> Script:
+        async def script(events: list[dict[str, object]]) -> None:
+            await transport.push_audio(np.concatenate([_tone(0.8), _quiet(0.15)]), RATE)  # a pause under 0.3 s
+            await anyio.sleep(0.5)
+            if transcribe_pause is None:
+                assert not stt.calls and not words.read  # nothing heard ahead before the pause
+            else:
+                with anyio.fail_after(30):
+                    while not words.read:  # transcribed and judged finished at the short pause
+                        await anyio.sleep(0.01)
+            assert not _heard(events)  # and no turn ends before the pause has lasted 0.3 s
+            await transport.push_audio(_quiet(0.4), RATE)
+            with anyio.fail_after(30):
+                while not _heard(events):
+                    await anyio.sleep(0.02)
+            transport.hang_up()
+
+        return script
+
+    stt = SizeSTT()
+    vad = VoiceActivityDetector(end_silence=3.0)  # only the words model ends this turn
+    kwargs = {"vad": vad, "early_transcribe": True, "text_turn": words, "pause": 0.3}
+    events, _ = await _converse({**kwargs, "transcribe_pause": transcribe_pause}, script_for, stt)
+    assert _heard(events) == [f"heard {stt.calls[0]}"] and len(stt.calls) == 1  # the early transcript is the turn's
+    assert words.read == [f"heard {stt.calls[0]}"]
 
 
 async def test_agent_checks_the_words_model() -> None:
@@ -111,6 +141,8 @@ async def test_agent_checks_the_words_model() -> None:
                 VoiceAgent(session, transport, stt=stt, tts=tts, early_transcribe=True, text_turn=object())  # type: ignore[arg-type]
             with pytest.raises(ValueError, match="early_transcribe=True"):
                 VoiceAgent(session, transport, stt=stt, tts=tts, text_turn=Words(True))
+            with pytest.raises(ValueError, match=r"transcribe_pause must be in \(0, 2\] seconds"):
+                VoiceAgent(session, transport, stt=stt, tts=tts, early_transcribe=True, transcribe_pause=0.0)
     finally:
         await engine.aclose()
 

@@ -166,3 +166,8 @@ def test_server_config_checks_its_fields_and_hides_the_token() -> None:
     for bad in (0.5, 31, True):
         with pytest.raises(ValueError, match=r"window must be seconds in \[1, 30\]"):
             ServerConfig(whisper_window=bad)
+    assert ServerConfig().agent_options()["first_words"] == 6
+    assert ServerConfig(first_words=None).agent_options()["first_words"] is None
+    for words in (0, 2.5, True):
+        with pytest.raises(ValueError, match="first_words must be an int >= 1, or None"):
+            ServerConfig(first_words=words)  # type: ignore[arg-type]

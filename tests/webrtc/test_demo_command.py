@@ -70,3 +70,13 @@ def test_metronome_demo_refuses_a_frame_of_no_tokens(capsys: pytest.CaptureFixtu
 
     assert main(["demo", "--decode-tokens", "0"]) == 2  # refused before any model loads
     assert "decode_tokens must be an int >= 1, got 0" in capsys.readouterr().err
+
+
+def test_metronome_demo_refuses_a_first_part_of_no_words(capsys: pytest.CaptureFixture[str]) -> None:
+    from metronome_sdk.cli import main
+
+    for bad in ("0", "six", "-1"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["demo", "--first-words", bad])
+        assert exit_.value.code == 2
+        assert "--first-words takes a count >= 1 or 'none'" in capsys.readouterr().err

@@ -43,9 +43,9 @@ class ModelAdmitter(Admitter):
     """The cap from a model of the next tick, with AIMD on what the model misses.
 
     ``budget`` gives the tick's token budget now (``None``: no budget): the model never admits
-    sessions whose tokens the budget would hold back a tick. ``update`` runs once a tick; a
-    decision (every ``interval`` seconds, after ``min_samples`` frames) learns the overhead and
-    the correction, and sheds when the deadline itself is missed.
+    sessions whose tokens the least budget of the last sixteen ticks would hold back a tick.
+    ``update`` runs once a tick; a decision (every ``interval`` seconds, after ``min_samples``
+    frames) learns the overhead and the correction, and sheds when the deadline itself is missed.
     """
 
     def __init__(
@@ -63,6 +63,7 @@ class ModelAdmitter(Admitter):
         self.cost = cost
         self._budget = budget
         self._ratios: deque[float] = deque(maxlen=SETTLED_STEPS)
+        self._budgets: deque[int] = deque(maxlen=SETTLED_STEPS)  # the tick budget at each update
         self._steps: list[float] = []  # step seconds since the last decision
         self.overhead = 0.0  # seconds a frame waits at the percentile beyond its step (learned)
         self.correction = 1.0  # the model's cost scale: AIMD on its misses
@@ -113,7 +114,9 @@ class ModelAdmitter(Admitter):
         n = self.cost.tokens_within(room) // per if room > 0 else 0
         budget = self._budget()
         if budget is not None:
-            n = min(n, budget // per)
+            # the least budget of the last steps: the budget follows the refitted cost, and a session
+            # let in on a brief high would wait a tick (a late frame) each time it fell back
+            n = min(n, min([budget, *self._budgets]) // per)
         return min([n, *self._limits.values()])
 
     def to_shed(self) -> int:
@@ -129,6 +132,9 @@ class ModelAdmitter(Admitter):
         c = self.config
         self._in_flight = in_flight
         self._peak = max(self._peak, in_flight)
+        budget = self._budget()
+        if budget is not None:
+            self._budgets.append(budget)
         now = self._clock()
         if now >= self._next_decision and len(self._samples) >= c.min_samples:
             self._decide(in_flight, now)

@@ -69,6 +69,14 @@ def _add(p: argparse.ArgumentParser) -> None:
         help="seconds of pause after which the agent transcribes ahead and asks the turn models (default 0.1)",
     )
     p.add_argument(
+        "--transcribe-pause",
+        type=float,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="seconds of pause after which the transcription starts, when sooner than --pause (the turn "
+        "still ends no sooner than --pause; default 0.05)",
+    )
+    p.add_argument(
         "--whisper-window",
         type=_window,
         default=argparse.SUPPRESS,
@@ -81,6 +89,14 @@ def _add(p: argparse.ArgumentParser) -> None:
         default=argparse.SUPPRESS,
         metavar="N",
         help="tokens each output frame of a caller's session may carry, where the tick has room (default 4)",
+    )
+    p.add_argument(
+        "--first-words",
+        type=_first_words,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="the reply's first part goes to the voice after N whole words when no comma or sentence end came "
+        "sooner (default 6; 'none': it waits for one)",
     )
     p.add_argument("--console", action="store_true", help="run the console demo instead (no browser)")
     p.add_argument("--sessions", type=int, default=3, help="console demo: concurrent sessions (default 3)")
@@ -98,6 +114,14 @@ def _objective(text: str) -> float | None:
     if not 0 < seconds < float("inf"):
         raise argparse.ArgumentTypeError(f"--voice-objective takes seconds > 0 or 'none', got {text!r}")
     return seconds
+
+
+def _first_words(text: str) -> int | None:
+    if text.strip().lower() == "none":
+        return None
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--first-words takes a count >= 1 or 'none', got {text!r}")
+    return int(text)
 
 
 def _window(text: str) -> float:
@@ -130,7 +154,15 @@ async def _serve(args: argparse.Namespace) -> int:
     from ..webrtc import ServerConfig, WebRTCServer, demo_engine
 
     token = os.environ.get(TOKEN_ENV) or None
-    optional = ("voice_objective", "decode_tokens", "whisper_window", "pause", "end_silence")
+    optional = (
+        "voice_objective",
+        "decode_tokens",
+        "first_words",
+        "whisper_window",
+        "pause",
+        "transcribe_pause",
+        "end_silence",
+    )
     given = {name: getattr(args, name) for name in optional if hasattr(args, name)}
     config = ServerConfig(
         host=args.host,

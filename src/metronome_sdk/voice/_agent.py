@@ -11,6 +11,7 @@ Why this module is past 400 lines: ``VoiceAgent`` is one conversation whose four
 
 from __future__ import annotations
 
+import itertools
 import math
 import re
 import time
@@ -43,7 +44,11 @@ from ._vad import VoiceActivityDetector
 
 __all__ = ["TurnLatency", "VoiceAgent", "clause_end", "error_event", "stats_event"]
 
+# seconds of quiet after which the utterance so far is transcribed: two of Silero's 32 ms windows,
+# so a gap inside a word starts none; the turn still ends no sooner than ``pause``
+TRANSCRIBE_PAUSE = 0.05
 _CLAUSE_MARK = re.compile(r"[.!?;:,]+(?=\s|$)")
+_WHOLE_WORD = re.compile(r"\S+(?=\s)")  # a word with a space after it: no token will lengthen it
 
 
 def error_event(exc: BaseException) -> Event:
@@ -133,22 +138,30 @@ class TurnLatency:
         return {"type": "latency", **self.as_dict(), "ahead": self.ahead}
 
 
-def clause_end(text: str, *, first: bool, min_words: int) -> int | None:
+def clause_end(text: str, *, first: bool, min_words: int, max_words: int | None = None) -> int | None:
     """Where the speakable part of ``text`` ends (an index into it), or None to wait for more.
 
     A sentence ends at ``.!?;:`` followed by a space or the text's end; the first part of a
     reply may end sooner, at a comma (a clause) with at least ``min_words`` words before it, so
-    that the voice starts on the first clause while the rest decodes. A mark inside a word or
-    a number (``3.5``, ``1,000``) is no end; one right after a digit at the text's end waits
-    for the next token.
+    that the voice starts on the first clause while the rest decodes, or after ``max_words``
+    whole words (a word is whole once a space follows it), so that a long first sentence with no
+    comma does not hold the first audio back. A mark inside a word or a number (``3.5``,
+    ``1,000``) is no end; one right after a digit at the text's end waits for the next token.
     """
+    cap = None
+    if first and max_words is not None:
+        words = list(itertools.islice(_WHOLE_WORD.finditer(text), max_words))
+        if len(words) == max_words:
+            cap = words[-1].end()
     for m in _CLAUSE_MARK.finditer(text):
+        if cap is not None and m.start() >= cap:
+            break
         if m.end() == len(text) and m.start() > 0 and text[m.start() - 1].isdigit():
             return None  # "3." may go on as "3.5": the next token says
         if m.group().startswith(",") and not (first and len(text[: m.start()].split()) >= min_words):
             continue
         return m.end()
-    return None
+    return cap
 
 
 @dataclass(slots=True)
@@ -185,22 +198,25 @@ class VoiceAgent:
     (``receive_audio`` raised ``anyio.EndOfStream``) or no frame came for ``turn_gap``
     seconds. ``stt`` transcribes it on a worker thread; the session answers with the model's
     chat template, up to ``max_reply_tokens``; each clause goes to ``tts`` as soon as it is
-    complete (the first one at a comma after ``clause_words`` words, later ones at the end of a
-    sentence; ``clause_end``), and its speech to the transport as soon as it is synthesized, while
-    the rest decodes; ``decode_tokens`` (the session's own setting when None) lets each output frame
-    carry several tokens, so the first clause is whole in fewer ticks. Each frame goes to
+    complete (the first one at a comma after ``clause_words`` words, or after ``first_words`` whole
+    words when no mark came sooner; later ones at the end of a sentence; ``clause_end``), and its
+    speech to the transport as soon as it is synthesized, while the rest decodes; ``decode_tokens``
+    (the session's own setting when None) lets each output frame carry several tokens, so the
+    first clause is whole in fewer ticks. Each frame goes to
     the session ``beat_lead`` seconds before the engine's next tick (``Engine.next_tick``;
     ``None``: at once), so its latency is the engine's work, not a wait for the metronome's
     phase, and the reply comes no later.
 
-    Hearing ahead: with ``early_transcribe``, once the caller has paused for ``pause`` seconds
-    the utterance so far is transcribed on a worker thread while the turn detector still waits;
-    if the turn ends with nothing said since, that transcript is the turn's, and only what is
-    left of it is waited for (one such transcription in flight at a time: a pause while one
-    runs is skipped until it is done). With ``turn_model`` (``SmartTurn``), the same pause asks
-    the model whether the caller sounds finished; with ``text_turn`` (``TextTurn``, which needs
-    ``early_transcribe``), whether the pause's transcript reads as finished. When every model
-    given says so, the turn ends there instead of after ``vad``'s silence.
+    Hearing ahead: with ``early_transcribe``, once the caller has paused for ``transcribe_pause``
+    seconds (0.05; ``pause`` when None or shorter) the utterance so far is transcribed on a worker thread while the
+    turn detector still waits; if the turn ends with nothing said since, that transcript is the
+    turn's, and only what is left of it is waited for (one such transcription in flight at a time:
+    a pause while one runs is skipped until it is done). With ``turn_model`` (``SmartTurn``), a
+    pause of ``pause`` seconds asks the model whether the caller sounds finished; with
+    ``text_turn`` (``TextTurn``, which needs ``early_transcribe``), whether the pause's transcript
+    reads as finished. When every model given says so and the pause has lasted ``pause``, the turn
+    ends there instead of after ``vad``'s silence: a shorter ``transcribe_pause`` has the transcript
+    and the words' verdict ready sooner without ending any turn sooner than ``pause``.
 
     Answering ahead: with ``answer_ahead`` and a session opened with ``rewind_tokens``,
     once a pause's transcript is ready while the caller is still quiet, the agent also starts
@@ -242,10 +258,12 @@ class VoiceAgent:
         decode_tokens: int | None = None,
         beat_lead: float | None = 0.01,
         clause_words: int = 3,
+        first_words: int | None = 6,
         early_transcribe: bool = False,
         turn_model: TurnModel | None = None,
         text_turn: TextTurnModel | None = None,
         pause: float = 0.2,
+        transcribe_pause: float | None = TRANSCRIBE_PAUSE,
         on_latency: Callable[[TurnLatency], None] | None = None,
         answer_ahead: bool = False,
     ) -> None:
@@ -263,8 +281,14 @@ class VoiceAgent:
             raise ValueError(f"beat_lead must be in [0, 1] seconds, or None to send frames at once; got {beat_lead!r}")
         if isinstance(clause_words, bool) or not isinstance(clause_words, int) or clause_words < 1:
             raise ValueError(f"clause_words must be an int >= 1, got {clause_words!r}; try 3")
+        if first_words is not None and (
+            isinstance(first_words, bool) or not isinstance(first_words, int) or first_words < 1
+        ):
+            raise ValueError(f"first_words must be an int >= 1, or None, got {first_words!r}; try 6")
         if not 0.0 < pause <= 2.0:
             raise ValueError(f"pause must be in (0, 2] seconds, got {pause!r}; try 0.2")
+        if transcribe_pause is not None and not 0.0 < transcribe_pause <= 2.0:
+            raise ValueError(f"transcribe_pause must be in (0, 2] seconds, or None for pause; got {transcribe_pause!r}")
         if turn_model is not None and not isinstance(turn_model, TurnModel):
             raise ValueError(f"turn_model must have complete(samples) and sample_rate, got {turn_model!r}")
         if text_turn is not None and not isinstance(text_turn, TextTurnModel):
@@ -287,12 +311,14 @@ class VoiceAgent:
         self.turn_model = turn_model
         self.text_turn = text_turn
         self.pause = pause
+        self.transcribe_pause = transcribe_pause
         self.max_reply_tokens = max_reply_tokens
         self.stats_interval = stats_interval
         self.turn_gap = turn_gap
         self.barge_in = barge_in
         self.beat_lead = beat_lead
         self.clause_words = clause_words
+        self.first_words = first_words
         self.on_latency = on_latency
         self.latencies: list[TurnLatency] = []
         self.interruptions = 0
@@ -427,8 +453,11 @@ class VoiceAgent:
         return True
 
     def _at_pause(self, tg: anyio.abc.TaskGroup) -> None:
-        """The caller has paused: transcribe what it said so far, and ask the turn model whether it is done."""
-        if not (self.early_transcribe or self.turn_model is not None) or self.vad.pause < self.pause:
+        """The caller has paused: transcribe what it said so far (after ``transcribe_pause``), and after
+        ``pause`` ask the turn model whether it is done and end the turn if the models said so."""
+        quiet = self.vad.pause
+        start = self.pause if self.transcribe_pause is None else min(self.transcribe_pause, self.pause)
+        if not (self.early_transcribe or self.turn_model is not None) or quiet < start:
             return
         key = (self._utterance, self.vad.heard_samples)  # every frame of a pause: the audio is built only to send
         early = self._early
@@ -439,6 +468,9 @@ class VoiceAgent:
             self._early = _Early(self._utterance, heard.size, anyio.Event())
             self._transcribing = True
             tg.start_soon(self._transcribe_early, self._early, heard)
+        if quiet < self.pause:
+            return  # a transcript may be ready sooner; the turn ends no sooner than the pause
+        self._end_if_judged()
         if self.turn_model is not None and not self._asking and self._asked != key:
             audio = self.vad.audio_so_far()
             assert audio is not None
@@ -505,8 +537,15 @@ class VoiceAgent:
         if verdict is None or verdict[0] != key:
             verdict = self._verdict = (key, {})
         verdict[1][by] = finished
+        self._end_if_judged()
+
+    def _end_if_judged(self) -> None:
+        """End the turn if every turn model given said finished of this very pause, and it has lasted ``pause``."""
+        verdict = self._verdict
+        if verdict is None or self._heard_key() != verdict[0] or self.vad.pause < self.pause:  # said since, or early
+            return
         asked = [m for m, model in (("sound", self.turn_model), ("words", self.text_turn)) if model is not None]
-        if all(verdict[1].get(m, False) for m in asked) and self._heard_key() == key:  # nothing said since
+        if asked and all(verdict[1].get(m, False) for m in asked):
             self._end_turn(self.vad.end_turn(), self._last_frame)
 
     async def _barge_in(self) -> None:
@@ -721,7 +760,11 @@ class VoiceAgent:
             cut = turn.number <= self._cut
             last = cut or out.stop or produced >= self.max_reply_tokens
             while not cut and self.speak:  # each clause goes to the voice as soon as it is whole
-                end = len(pending) if last else clause_end(pending, first=parts == 0, min_words=self.clause_words)
+                end = (
+                    len(pending)
+                    if last
+                    else clause_end(pending, first=parts == 0, min_words=self.clause_words, max_words=self.first_words)
+                )
                 if end is None or not pending[:end].strip():
                     break
                 part, pending = pending[:end].strip(), pending[end:]

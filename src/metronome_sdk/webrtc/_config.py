@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..voice._admission import DEFAULT_OBJECTIVE
+from ..voice._agent import TRANSCRIBE_PAUSE
 from ..voice._whisper import DEFAULT_WINDOW, check_window
 
 __all__: list[str] = []  # internal: ServerConfig and DEFAULT_PROMPT, exported by metronome_sdk.webrtc
@@ -37,13 +38,17 @@ class ServerConfig:
     how many tokens each of its sessions' output frames may carry (``Session.decode_tokens``):
     4 by default, so a first sentence of 12 tokens can be whole in three ticks, not twelve,
     where the tick's token budget has room (the engine decides, and AIMD sees the cost).
+    ``first_words``: the reply's first part goes to the voice after that many whole words when no
+    comma or sentence end came sooner (``VoiceAgent(first_words=...)``: 6; ``None``: it waits for one).
     ``early_transcribe`` (on): the agent transcribes what the caller said so far at each short
     pause, so a turn that ends there has its transcript (nearly) ready (``VoiceAgent``); ``answer_ahead``
     (off; needs ``early_transcribe``): the agent also starts the answer then, held back until the
     turn ends and taken back exactly if the caller goes on (each session is opened with
     ``rewind_tokens=AHEAD_TOKENS``, 96, which widens its bound by 7 blocks of 16); ``pause``: the
     seconds of quiet after which they start (``VoiceAgent(pause=...)``; 0.1 here, where the words
-    model decides at it); ``text_turn`` (on, with ``early_transcribe``): ``TextTurn`` ends the turn at
+    model decides at it); ``transcribe_pause``: the quiet after which the transcription starts,
+    when sooner than ``pause`` (``VoiceAgent(transcribe_pause=...)``: 0.05; the turn still ends no
+    sooner than ``pause``); ``text_turn`` (on, with ``early_transcribe``): ``TextTurn`` ends the turn at
     such a pause when its transcript reads as finished, else the silence does (measured in
     docs/voice-agent.md: the median caller waits less, a few more half-sentences are answered);
     ``smart_turn``: smart-turn v3 (``SmartTurn``) must also hear the caller finished (alone, when
@@ -72,9 +77,11 @@ class ServerConfig:
     system_prompt: str | None = DEFAULT_PROMPT
     max_reply_tokens: int = 48
     decode_tokens: int = 4
+    first_words: int | None = 6
     early_transcribe: bool = True
     answer_ahead: bool = False
     pause: float = 0.1
+    transcribe_pause: float | None = TRANSCRIBE_PAUSE
     smart_turn: bool = False
     text_turn: bool = True
     end_silence: float | None = None
@@ -98,9 +105,11 @@ class ServerConfig:
         return {
             "max_reply_tokens": self.max_reply_tokens,
             "decode_tokens": self.decode_tokens,
+            "first_words": self.first_words,
             "early_transcribe": self.early_transcribe,
             "answer_ahead": self.answer_ahead,
             "pause": self.pause,
+            "transcribe_pause": self.transcribe_pause,
         }
 
     def __post_init__(self) -> None:
@@ -114,6 +123,14 @@ class ServerConfig:
             raise ValueError(f"max_body must be an int >= 1024 bytes, got {self.max_body!r}; try 65536")
         if isinstance(self.pause, bool) or not isinstance(self.pause, int | float) or not 0 < self.pause <= 2:
             raise ValueError(f"pause must be in (0, 2] seconds, got {self.pause!r}; try 0.2")
+        if self.transcribe_pause is not None and (
+            isinstance(self.transcribe_pause, bool)
+            or not isinstance(self.transcribe_pause, int | float)
+            or not 0 < self.transcribe_pause <= 2
+        ):
+            raise ValueError(
+                f"transcribe_pause must be in (0, 2] seconds, or None for pause; got {self.transcribe_pause!r}"
+            )
         for name in ("early_transcribe", "answer_ahead", "smart_turn", "text_turn"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -127,6 +144,10 @@ class ServerConfig:
             )
         if isinstance(self.decode_tokens, bool) or not isinstance(self.decode_tokens, int) or self.decode_tokens < 1:
             raise ValueError(f"decode_tokens must be an int >= 1, got {self.decode_tokens!r}; try 4")
+        if self.first_words is not None and (
+            isinstance(self.first_words, bool) or not isinstance(self.first_words, int) or self.first_words < 1
+        ):
+            raise ValueError(f"first_words must be an int >= 1, or None, got {self.first_words!r}; try 6")
         check_window(self.whisper_window)
         for name in ("max_buffered", "offers_per_client"):
             value = getattr(self, name)

@@ -44,6 +44,26 @@ def test_the_cap_is_what_the_model_says_a_tick_holds() -> None:
     assert not a.admits(18)
 
 
+def test_the_cap_follows_the_least_tick_budget_of_the_last_ticks() -> None:
+    budgets = [200, 120, 200]  # tokens: a brief dip, then the budget is back
+    a = ModelAdmitter(
+        AdmissionConfig(policy="model", session_tokens=PER, target=1.0, percentile=0.99, min_samples=4),
+        deadline=DEADLINE,
+        cost=StepCost(CALIBRATION),
+        clock=FakeClock(),
+        budget=lambda: budgets[0],
+    )
+    assert a.update(16) == 18  # 200 tokens hold 22 sessions: the model's 18 is the cap
+    budgets.pop(0)
+    assert a.update(12) == 13  # 120 tokens hold 13
+    budgets.pop(0)
+    # back at 200, the dip is still among the last ticks: a session let in now would wait a tick when it returns
+    assert a.update(13) == 13
+    for _ in range(16):
+        a.update(13)
+    assert a.update(13) == 16  # the dip has left the window: growth resumes (sqrt(13) at a time)
+
+
 def test_sessions_not_yet_measured_count_at_their_full_cost() -> None:
     a = admitter(FakeClock())
     steps(a, 4, 1.0)  # the steps measured so far carried 4 sessions; 18 are admitted
