@@ -105,3 +105,21 @@ def test_bad_settings_are_refused(kwargs: dict[str, float], match: str) -> None:
 def test_a_bad_calibration_is_refused() -> None:
     with pytest.raises(ValueError, match="work must be a finite"):
         VoiceAdmission(1.0).calibrate(work=float("nan"), rest=0.1)
+
+
+def test_what_the_caller_waits_unseen_counts_in_the_model_and_the_feedback() -> None:
+    admission = VoiceAdmission(2.0, unseen=0.3)
+    admission.calibrate(work=0.4, rest=0.6)
+    assert admission.predict(1) == pytest.approx(1.3)  # 0.3 + 0.6 + 0.4
+    assert admission.capacity() == 2  # 0.3 + 0.6 + 2 * 0.4 = 1.7 <= 2.0 < 2.1
+    with pytest.raises(AdmissionRejected, match=r"3 calls would reach 2\.10 s"):
+        admission.admit(2)
+    admission = VoiceAdmission(2.0, unseen=0.3)
+    for _ in range(4):  # 1.8 s on the server's clock: 2.1 s as the caller hears it
+        admission.observe(voice_to_voice=1.8, speech=0.1, callers=1)
+    with pytest.raises(AdmissionRejected, match=r"p95 is 2\.10 s as the callers hear it"):
+        admission.admit(1)
+    assert admission.stats()["unseen_s"] == 0.3
+    for bad in (-0.1, float("inf"), True):
+        with pytest.raises(ValueError, match="unseen must be a finite number of seconds"):
+            VoiceAdmission(2.0, unseen=bad)

@@ -14,13 +14,15 @@ The model is the turn's critical path (``TurnLatency``) split in two:
 - ``rest``: the turn detector's pause, the engine's first clause, the send (the engine's
   own admission keeps its part bounded).
 
-``predict(n) = rest + n * work``. ``work`` starts from a probe at start-up (``calibrate``)
-and follows the turns that ran alone; ``rest`` is the p95 of the recent turns' rest. A caller
-is admitted when ``predict(callers + 1)`` is within the objective and the recent turns'
-p95 is too (feedback on what the model misses: another process taking a core); before
-anything is measured (a voice not probed, no turn yet) only the engine's admission applies. A lone
-caller is always admitted: on a machine slower than the objective the server still
-answers one caller at its best, and says so in its log and ``stats``.
+``predict(n) = unseen + rest + n * work``, ``unseen`` being what the caller waits that the
+server's clock cannot see (the turn detector's lag behind the end of speech, the codec and the
+caller's jitter buffer: ``WEBRTC_UNSEEN`` for a WebRTC caller; 0 by default). ``work`` starts
+from a probe at start-up (``calibrate``) and follows the turns that ran alone; ``rest`` is the
+p95 of the recent turns' rest. A caller is admitted when ``predict(callers + 1)`` is within the
+objective and the recent turns' p95 is too (feedback on what the model misses: another process
+taking a core); before anything is measured (a voice not probed, no turn yet) only the engine's
+admission applies. A lone caller is always admitted: on a machine slower than the objective the
+server still answers one caller at its best, and says so in its log and ``stats``.
 """
 
 from __future__ import annotations
@@ -42,11 +44,15 @@ from ._protocols import SpeechToText, TextToSpeech
 if TYPE_CHECKING:
     from ._agent import TurnLatency
 
-__all__ = ["DEFAULT_OBJECTIVE", "VoiceAdmission", "VoiceTurn", "speech_work"]
+__all__ = ["DEFAULT_OBJECTIVE", "WEBRTC_UNSEEN", "VoiceAdmission", "VoiceTurn", "speech_work"]
 
 # seconds from the end of a caller's speech to its first reply audio, at p95: the upper end of
 # what local CPU pipelines are expected to reach (1.2-1.5 s); hosted pipelines aim at 0.8 s
 DEFAULT_OBJECTIVE = 1.5
+# seconds a WebRTC caller's clock adds to the server's voice to voice: `metronome bench voice` put
+# it at 0.31-0.39 s (caller p50 less the server's median) in every run on this project's machine;
+# the least of them, so that admission refuses no more than what was seen
+WEBRTC_UNSEEN = 0.3
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,7 @@ class VoiceAdmission:
         self,
         objective: float = DEFAULT_OBJECTIVE,
         *,
+        unseen: float = 0.0,
         window: int = 32,
         horizon: float = 60.0,
         retry_after: float = 5.0,
@@ -81,7 +88,10 @@ class VoiceAdmission:
                 raise ValueError(f"{name} must be a positive number of seconds, got {value!r}")
         if isinstance(window, bool) or not isinstance(window, int) or window < 4:
             raise ValueError(f"window must be an int >= 4 turns, got {window!r}; try 32")
+        if isinstance(unseen, bool) or not isinstance(unseen, int | float) or not 0 <= unseen < math.inf:
+            raise ValueError(f"unseen must be a finite number of seconds >= 0, got {unseen!r}; try 0")
         self.objective = float(objective)
+        self.unseen = float(unseen)
         self.horizon = float(horizon)
         self.retry_after = float(retry_after)
         self._turns: deque[VoiceTurn] = deque(maxlen=window)
@@ -128,14 +138,16 @@ class VoiceAdmission:
         return [t for t in self._turns if t.at >= since]
 
     def _estimates(self) -> tuple[float | None, float | None, float | None]:
-        """(work, rest, p95 of the recent turns), each None where nothing says yet."""
+        """(work, rest, p95 of the recent turns), each None where nothing says yet; the rest and the
+        p95 as the caller waits them (``unseen`` added)."""
         recent = self._recent()
         alone = [t.speech for t in recent if t.callers == 1]
         work = statistics.median(alone) if alone else self._probe_work
         rests = [max(0.0, t.voice_to_voice - t.speech) for t in recent]
         rest = percentile(rests, 0.95) if rests else self._probe_rest
         observed = percentile((t.voice_to_voice for t in recent), 0.95) if recent else None
-        return work, rest, observed
+        seen = [None if x is None else x + self.unseen for x in (rest, observed)]
+        return work, seen[0], seen[1]
 
     def predict(self, callers: int) -> float | None:
         """The voice-to-voice p95 expected with ``callers`` open calls (None: no estimate yet)."""
@@ -166,7 +178,7 @@ class VoiceAdmission:
         limit = self.capacity()
         why = None
         if observed is not None and observed > self.objective:
-            why = f"the recent turns' voice-to-voice p95 is {observed:.2f} s"
+            why = f"the recent turns' voice-to-voice p95 is {observed:.2f} s as the callers hear it"
         elif predicted is not None and predicted > self.objective:
             why = f"{callers + 1} calls would reach {predicted:.2f} s"
         if why is None:
@@ -188,6 +200,7 @@ class VoiceAdmission:
             turns, refused = len(self._recent()), self._refused
         return {
             "objective_s": self.objective,
+            "unseen_s": self.unseen,
             "work_s": work,
             "rest_s": rest,
             "recent_p95_s": observed,

@@ -26,7 +26,7 @@ from .._exceptions import AdmissionRejected, EngineClosed, MetronomeError, Overl
 from .._log import get_logger
 from .._session import Session
 from ..transports._base import Transport
-from ..voice._admission import VoiceAdmission
+from ..voice._admission import WEBRTC_UNSEEN, VoiceAdmission
 from ..voice._agent import TurnLatency, VoiceAgent, error_event
 from ..voice._default import load_voice, load_words
 from ..voice._piper import PiperTTS
@@ -93,7 +93,9 @@ class WebRTCServer:
         self._probe = stt is None and tts is None
         self.voice_admission: VoiceAdmission | None = None
         if handler is None and self.config.voice_objective is not None:
-            self.voice_admission = VoiceAdmission(self.config.voice_objective, retry_after=self.config.busy_retry_after)
+            self.voice_admission = VoiceAdmission(
+                self.config.voice_objective, unseen=WEBRTC_UNSEEN, retry_after=self.config.busy_retry_after
+            )
         self._turn_model: SmartTurn | None = None
         self._text_turn = text_turn
         self._own_voice: list[PiperTTS] = []  # the voices this server started, and stops
