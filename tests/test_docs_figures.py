@@ -235,7 +235,7 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
         "0.05 s": (1, "VoiceAgent's default transcribe_pause, TRANSCRIBE_PAUSE = 0.05"),
         "0.6 s": (3, "eval turns' longest pause, GAPS = (0.4, 0.5, 0.6), and the longest Silero wait tried"),
         "30 s": (1, "Whisper's input window, which its encoder always reads: the model's constant"),
-        "0.2 s": (3, "VoiceAgent's default pause, 0.2, before hearing ahead or asking smart-turn"),
+        "0.2 s": (2, "VoiceAgent's default pause, 0.2, before hearing ahead or asking smart-turn"),
         "8 s": (2, "the audio smart-turn v3 hears, SmartTurn.seconds = 8: the model's input"),
         "20 ms": (1, "the frames eval turns hears, FRAME = RATE // 50"),
         "1.0 s": (6, "eval turns' second --silences, default (0.55, 1.0), and demo --end-silence 1.0 (policy names)"),
