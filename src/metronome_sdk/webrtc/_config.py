@@ -59,7 +59,8 @@ class ServerConfig:
     utterance (``WhisperSTT(window=...)``: 10; 30 is Whisper's full window).
     ``voice_objective``: the default voice agent's callers are admitted only while each can
     still hear its first reply audio within that many seconds of the end of its speech (p95,
-    ``VoiceAdmission``: 1.5 s, the upper end of what local CPU pipelines reach); a lone
+    ``VoiceAdmission``: 1.5 s, the upper end of what local CPU pipelines reach; the server's clock
+    plus ``WEBRTC_UNSEEN``, what it cannot see of the caller's wait); a lone
     caller is always served; ``None`` admits on the engine's admission alone.
     """
 
