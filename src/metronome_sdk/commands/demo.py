@@ -117,11 +117,16 @@ def _objective(text: str) -> float | None:
 
 
 def _first_words(text: str) -> int | None:
+    from ..voice._agent import check_first_words
+
     if text.strip().lower() == "none":
         return None
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"--first-words takes a count >= 1 or 'none', got {text!r}")
-    return int(text)
+    try:
+        if not text.strip().isdigit():
+            raise ValueError(text)
+        return check_first_words(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--first-words takes a count >= 1 or 'none', got {text!r}") from None
 
 
 def _window(text: str) -> float:

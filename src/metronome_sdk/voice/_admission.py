@@ -146,8 +146,11 @@ class VoiceAdmission:
         rests = [max(0.0, t.voice_to_voice - t.speech) for t in recent]
         rest = percentile(rests, 0.95) if rests else self._probe_rest
         observed = percentile((t.voice_to_voice for t in recent), 0.95) if recent else None
-        seen = [None if x is None else x + self.unseen for x in (rest, observed)]
-        return work, seen[0], seen[1]
+        if rest is not None:
+            rest += self.unseen
+        if observed is not None:
+            observed += self.unseen
+        return work, rest, observed
 
     def predict(self, callers: int) -> float | None:
         """The voice-to-voice p95 expected with ``callers`` open calls (None: no estimate yet)."""

@@ -51,6 +51,22 @@ _CLAUSE_MARK = re.compile(r"[.!?;:,]+(?=\s|$)")
 _WHOLE_WORD = re.compile(r"\S+(?=\s)")  # a word with a space after it: no token will lengthen it
 
 
+def check_first_words(words: int | None) -> int | None:
+    """``words`` as the first part's cap in whole words (``None``: no cap), or ``ValueError``."""
+    if words is not None and (isinstance(words, bool) or not isinstance(words, int) or words < 1):
+        raise ValueError(f"first_words must be an int >= 1, or None, got {words!r}; try 6")
+    return words
+
+
+def check_transcribe_pause(seconds: float | None) -> float | None:
+    """``seconds`` as the quiet before hearing ahead (``None``: the turn's ``pause``), or ``ValueError``."""
+    if seconds is not None and (
+        isinstance(seconds, bool) or not isinstance(seconds, int | float) or not 0 < seconds <= 2
+    ):
+        raise ValueError(f"transcribe_pause must be in (0, 2] seconds, or None for pause; got {seconds!r}")
+    return seconds
+
+
 def error_event(exc: BaseException) -> Event:
     """The ``error`` event that tells a peer what went wrong (type name, message, whether to retry)."""
     event: Event = {"type": "error", "error": type(exc).__name__, "message": str(exc)}
@@ -281,14 +297,8 @@ class VoiceAgent:
             raise ValueError(f"beat_lead must be in [0, 1] seconds, or None to send frames at once; got {beat_lead!r}")
         if isinstance(clause_words, bool) or not isinstance(clause_words, int) or clause_words < 1:
             raise ValueError(f"clause_words must be an int >= 1, got {clause_words!r}; try 3")
-        if first_words is not None and (
-            isinstance(first_words, bool) or not isinstance(first_words, int) or first_words < 1
-        ):
-            raise ValueError(f"first_words must be an int >= 1, or None, got {first_words!r}; try 6")
         if not 0.0 < pause <= 2.0:
             raise ValueError(f"pause must be in (0, 2] seconds, got {pause!r}; try 0.2")
-        if transcribe_pause is not None and not 0.0 < transcribe_pause <= 2.0:
-            raise ValueError(f"transcribe_pause must be in (0, 2] seconds, or None for pause; got {transcribe_pause!r}")
         if turn_model is not None and not isinstance(turn_model, TurnModel):
             raise ValueError(f"turn_model must have complete(samples) and sample_rate, got {turn_model!r}")
         if text_turn is not None and not isinstance(text_turn, TextTurnModel):
@@ -311,14 +321,14 @@ class VoiceAgent:
         self.turn_model = turn_model
         self.text_turn = text_turn
         self.pause = pause
-        self.transcribe_pause = transcribe_pause
+        self.transcribe_pause = check_transcribe_pause(transcribe_pause)
         self.max_reply_tokens = max_reply_tokens
         self.stats_interval = stats_interval
         self.turn_gap = turn_gap
         self.barge_in = barge_in
         self.beat_lead = beat_lead
         self.clause_words = clause_words
-        self.first_words = first_words
+        self.first_words = check_first_words(first_words)
         self.on_latency = on_latency
         self.latencies: list[TurnLatency] = []
         self.interruptions = 0

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..voice._admission import DEFAULT_OBJECTIVE
-from ..voice._agent import TRANSCRIBE_PAUSE
+from ..voice._agent import TRANSCRIBE_PAUSE, check_first_words, check_transcribe_pause
 from ..voice._whisper import DEFAULT_WINDOW, check_window
 
 __all__: list[str] = []  # internal: ServerConfig and DEFAULT_PROMPT, exported by metronome_sdk.webrtc
@@ -124,14 +124,7 @@ class ServerConfig:
             raise ValueError(f"max_body must be an int >= 1024 bytes, got {self.max_body!r}; try 65536")
         if isinstance(self.pause, bool) or not isinstance(self.pause, int | float) or not 0 < self.pause <= 2:
             raise ValueError(f"pause must be in (0, 2] seconds, got {self.pause!r}; try 0.2")
-        if self.transcribe_pause is not None and (
-            isinstance(self.transcribe_pause, bool)
-            or not isinstance(self.transcribe_pause, int | float)
-            or not 0 < self.transcribe_pause <= 2
-        ):
-            raise ValueError(
-                f"transcribe_pause must be in (0, 2] seconds, or None for pause; got {self.transcribe_pause!r}"
-            )
+        check_transcribe_pause(self.transcribe_pause)
         for name in ("early_transcribe", "answer_ahead", "smart_turn", "text_turn"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
@@ -145,10 +138,7 @@ class ServerConfig:
             )
         if isinstance(self.decode_tokens, bool) or not isinstance(self.decode_tokens, int) or self.decode_tokens < 1:
             raise ValueError(f"decode_tokens must be an int >= 1, got {self.decode_tokens!r}; try 4")
-        if self.first_words is not None and (
-            isinstance(self.first_words, bool) or not isinstance(self.first_words, int) or self.first_words < 1
-        ):
-            raise ValueError(f"first_words must be an int >= 1, or None, got {self.first_words!r}; try 6")
+        check_first_words(self.first_words)
         check_window(self.whisper_window)
         for name in ("max_buffered", "offers_per_client"):
             value = getattr(self, name)
