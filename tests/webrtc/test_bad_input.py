@@ -171,3 +171,11 @@ def test_server_config_checks_its_fields_and_hides_the_token() -> None:
     for words in (0, 2.5, True):
         with pytest.raises(ValueError, match="first_words must be an int >= 1, or None"):
             ServerConfig(first_words=words)  # type: ignore[arg-type]
+
+
+def test_the_default_agent_answers_ahead_and_its_sessions_can_take_it_back() -> None:
+    config = ServerConfig()
+    assert config.agent_options()["answer_ahead"] is True and config.rewind_tokens == 96
+    # answering ahead needs the pause's transcript: without hearing ahead the sessions take no marks
+    assert ServerConfig(early_transcribe=False).rewind_tokens == 0
+    assert ServerConfig(answer_ahead=False).rewind_tokens == 0

@@ -42,9 +42,10 @@ class ServerConfig:
     comma or sentence end came sooner (``VoiceAgent(first_words=...)``: 6; ``None``: it waits for one).
     ``early_transcribe`` (on): the agent transcribes what the caller said so far at each short
     pause, so a turn that ends there has its transcript (nearly) ready (``VoiceAgent``); ``answer_ahead``
-    (off; needs ``early_transcribe``): the agent also starts the answer then, held back until the
+    (on; needs ``early_transcribe``): the agent also starts the answer then, held back until the
     turn ends and taken back exactly if the caller goes on (each session is opened with
-    ``rewind_tokens=AHEAD_TOKENS``, 96, which widens its bound by 7 blocks of 16); ``pause``: the
+    ``rewind_tokens=AHEAD_TOKENS``, 96, which widens its bound by 7 blocks of 16; measured in
+    docs/voice-agent.md: the slowest turns, those the silence ends, wait least); ``pause``: the
     seconds of quiet after which they start (``VoiceAgent(pause=...)``; 0.1 here, where the words
     model decides at it); ``transcribe_pause``: the quiet after which the transcription starts,
     when sooner than ``pause`` (``VoiceAgent(transcribe_pause=...)``: 0.05; the turn still ends no
@@ -80,7 +81,7 @@ class ServerConfig:
     decode_tokens: int = 4
     first_words: int | None = 6
     early_transcribe: bool = True
-    answer_ahead: bool = False
+    answer_ahead: bool = True
     pause: float = 0.1
     transcribe_pause: float | None = TRANSCRIBE_PAUSE
     smart_turn: bool = False
