@@ -7,6 +7,7 @@ import time
 import pytest
 
 from metronome_sdk import AdmissionRejected
+from metronome_sdk.voice import TurnLatency
 from metronome_sdk.voice._admission import VoiceAdmission
 
 pytestmark = pytest.mark.timeout(10)
@@ -57,6 +58,21 @@ def test_turns_take_over_from_the_probe() -> None:
     # turns that overlapped others say nothing of one turn's work, only of the rest and the p95
     admission.observe(voice_to_voice=1.6, speech=1.2, callers=2)
     assert admission.stats()["work_s"] == pytest.approx(0.5)
+
+
+def test_a_turn_counts_the_speech_work_done_during_its_pause() -> None:
+    # heard and answered ahead: the transcription and the first part ran before the turn ended, so
+    # the parts show no wait for them; callers whose pauses coincide still queue for that work
+    ahead = TurnLatency(0.6, 0.25, 0.0, 0.05, 0.15, 0.0, 0.15, ahead=True, speech_work=0.3)
+    typed = TurnLatency(0.6, 0.0, 0.0, 0.2, 0.2, 0.1, 0.1)  # nothing recognized here: its parts stand
+    admission = VoiceAdmission(2.0)
+    for _ in range(3):
+        admission.observe_turn(ahead, callers=1)
+    assert admission.stats()["work_s"] == pytest.approx(0.3)
+    assert admission.predict(3) == pytest.approx(0.3 + 3 * 0.3)
+    other = VoiceAdmission(2.0)
+    other.observe_turn(typed, callers=1)
+    assert other.stats()["work_s"] == pytest.approx(0.1)
 
 
 def test_recent_turns_past_the_objective_stop_admission_at_once() -> None:

@@ -105,6 +105,8 @@ async def test_an_answer_begun_at_the_pause_waits_for_the_turn_to_end_then_goes_
     parts = ("turn_end", "transcribe", "first_token", "first_clause", "synthesize", "send")
     assert all(latency[p] >= 0 for p in parts)  # type: ignore[operator]
     assert sum(latency[p] for p in parts) == pytest.approx(latency["voice_to_voice"])  # type: ignore[misc]
+    # the recognizer and the voice ran for it before the turn ended: no wait, but work all the same
+    assert latency["transcribe"] == 0 and latency["speech_work"] > 0  # type: ignore[operator]
     user = next(i for i, e in enumerate(events) if e["type"] == "transcript" and e["role"] == "user")
     assert user < events.index(latency)  # the held events went out first, in their order
 

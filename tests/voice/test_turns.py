@@ -124,6 +124,16 @@ def _final_answers(events: list[dict[str, object]]) -> list[dict[str, object]]:
     return [e for e in events if e["type"] == "transcript" and e["role"] == "assistant" and e["final"]]
 
 
+async def ask_twice(agent: VoiceAgent, transport: MemoryTransport, events: list[dict[str, object]]) -> None:
+    """Two turns, each answered and spoken before the next, then the caller hangs up."""
+    for answers in (1, 2):
+        await transport.push_audio(np.concatenate([_tone(0.6), np.zeros(RATE, dtype=np.int16)]), RATE)
+        with anyio.fail_after(30):
+            while len(_final_answers(events)) < answers or agent.unspoken:
+                await anyio.sleep(0.05)
+    transport.hang_up()
+
+
 async def test_a_turn_ends_when_the_callers_audio_ends_with_its_last_word() -> None:
     engine = make_engine()
     await engine.start()
@@ -194,12 +204,7 @@ async def test_the_first_words_of_each_reply_go_out_without_the_voices_lead_in_q
             async def script(events: list[dict[str, object]]) -> None:
                 async with anyio.create_task_group() as tg:
                     tg.start_soon(collect)
-                    for answers in (1, 2):
-                        await transport.push_audio(np.concatenate([_tone(0.6), np.zeros(RATE, dtype=np.int16)]), RATE)
-                        with anyio.fail_after(30):
-                            while len(_final_answers(events)) < answers or agent.unspoken:
-                                await anyio.sleep(0.05)
-                    transport.hang_up()
+                    await ask_twice(agent, transport, events)
 
             await _talk(agent, transport, script)
     finally:

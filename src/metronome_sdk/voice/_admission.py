@@ -121,10 +121,13 @@ class VoiceAdmission:
             self._turns.append(VoiceTurn(voice_to_voice, speech, callers, time.monotonic()))
 
     def observe_turn(self, latency: TurnLatency, *, callers: int) -> None:
-        """``observe`` one answered turn's ``TurnLatency`` (the agent's ``on_latency``)."""
-        self.observe(
-            voice_to_voice=latency.voice_to_voice, speech=latency.transcribe + latency.synthesize, callers=callers
-        )
+        """``observe`` one answered turn's ``TurnLatency`` (the agent's ``on_latency``): its speech is
+        what the recognizer and the voice ran for it (``speech_work``), the transcription done during
+        the pause included, since callers whose pauses coincide queue for it; where that is not
+        known, the transcribe and synthesize parts."""
+        work = latency.speech_work
+        speech = work if math.isfinite(work) else latency.transcribe + latency.synthesize
+        self.observe(voice_to_voice=latency.voice_to_voice, speech=speech, callers=callers)
 
     def probe(self, stt: SpeechToText, tts: TextToSpeech, *, rest: float) -> tuple[float, float]:
         """``calibrate`` from ``speech_work`` timed now (call it on the idle machine), with

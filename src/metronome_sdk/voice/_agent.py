@@ -37,7 +37,7 @@ from .._log import get_logger
 from .._session import Interrupted, Session
 from ..transports._base import Event, Transport
 from ._ahead import MARGIN, Ahead
-from ._protocols import Playback, SpeechToText, TextToSpeech
+from ._protocols import Playback, SharedVoice, SpeechToText, TextToSpeech
 from ._text_turn import TextTurnModel
 from ._turn import TurnModel
 from ._vad import VoiceActivityDetector
@@ -128,6 +128,11 @@ class TurnLatency:
 
     ``ahead``: the turn was answered ahead, at a pause, before it ended; the parts done before
     the turn ended count as no wait (0), so the parts still add up to ``voice_to_voice``.
+
+    ``speech_work``: the seconds the recognizer and the voice ran for this turn (its transcription
+    and its first part's synthesis), wherever they ran: work done during the pause is no wait for
+    a lone caller, but callers whose turns end together queue for it (``VoiceAdmission`` reads it).
+    NaN where a part did not run here (a typed turn).
     """
 
     voice_to_voice: float
@@ -138,6 +143,7 @@ class TurnLatency:
     synthesize: float
     send: float
     ahead: bool = False
+    speech_work: float = math.nan
 
     def as_dict(self) -> dict[str, float]:
         return {
@@ -151,7 +157,7 @@ class TurnLatency:
         }
 
     def event(self) -> Event:
-        return {"type": "latency", **self.as_dict(), "ahead": self.ahead}
+        return {"type": "latency", **self.as_dict(), "ahead": self.ahead, "speech_work": self.speech_work}
 
 
 def clause_end(text: str, *, first: bool, min_words: int, max_words: int | None = None) -> int | None:
@@ -188,6 +194,7 @@ class _Early:
     samples: int  # how much of it: the speech up to the pause
     done: anyio.Event
     text: str | None = None  # None: not done, or failed (the turn's own transcription then tries)
+    seconds: float = math.nan  # how long the recognizer ran for it
 
 
 @dataclass(slots=True)
@@ -205,6 +212,8 @@ class _Turn:
     answered: bool = False  # the session's reply is complete (or cut)
     text: str | None = None  # a typed turn (end_turn(text=...)): nothing to transcribe
     ahead: Ahead | None = None  # answered at a pause, before the turn detector ended the turn
+    transcribe_seconds: float = math.nan  # the recognizer's run for this turn, wherever it ran
+    synthesize_seconds: float = math.nan  # the voice's run for its first part
 
 
 class VoiceAgent:
@@ -488,8 +497,10 @@ class VoiceAgent:
             tg.start_soon(self._ask_turn_model, self.turn_model, key, audio)
 
     async def _transcribe_early(self, early: _Early, heard: npt.NDArray[np.int16]) -> None:
+        started = time.monotonic()
         try:
             early.text = await anyio.to_thread.run_sync(self.stt.transcribe, heard, self.vad.sample_rate)
+            early.seconds = time.monotonic() - started
         except Exception as exc:  # the turn's own transcription tries again, and reports it
             self._log.warning("voice.early_transcribe_failed", error=repr(exc))
         finally:
@@ -726,8 +737,12 @@ class VoiceAgent:
             await early.done.wait()
             if early.text is not None:
                 self.heard_ahead += 1
+                turn.transcribe_seconds = early.seconds
                 return early.text
-        return await anyio.to_thread.run_sync(self.stt.transcribe, turn.utterance, self.vad.sample_rate)
+        started = time.monotonic()
+        text = await anyio.to_thread.run_sync(self.stt.transcribe, turn.utterance, self.vad.sample_rate)
+        turn.transcribe_seconds = time.monotonic() - started
+        return text
 
     async def _answer(self, turn: _Turn, text: str) -> None:
         # the turn goes in ahead of the frame that answers it (Session.append): the frame then
@@ -831,8 +846,14 @@ class VoiceAgent:
                 self._done_with(turn)
 
     async def _speak(self, turn: _Turn, sentence: str) -> None:
+        # the reply's first part is what the caller waits for: a voice shared with other callers takes it first
+        first = math.isnan(turn.synthesized_at)
+        voice = self.tts.synthesize_first if first and isinstance(self.tts, SharedVoice) else self.tts.synthesize
+        started = time.monotonic()
         try:
-            samples, rate = await anyio.to_thread.run_sync(self.tts.synthesize, sentence)
+            samples, rate = await anyio.to_thread.run_sync(voice, sentence)
+            if first:
+                turn.synthesize_seconds = time.monotonic() - started
         except Exception as exc:  # a broken voice is reported, and the words still went out as text
             self._log.warning("voice.tts_failed", error=repr(exc))
             await self.transport.send_event(error_event(exc))
@@ -866,6 +887,7 @@ class VoiceAgent:
                 synthesize=at[5] - at[4],
                 send=at[6] - at[5],
                 ahead=turn.ahead is not None,
+                speech_work=turn.transcribe_seconds + turn.synthesize_seconds,
             )
             self.latencies.append(latency)
             if self.on_latency is not None:

@@ -15,7 +15,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import wave
 from importlib import resources
@@ -24,6 +23,8 @@ from types import TracebackType
 
 import numpy as np
 import numpy.typing as npt
+
+from ._gate import SpeechGate
 
 __all__ = ["PiperTTS", "bundled_piper_voice"]
 
@@ -62,6 +63,9 @@ class PiperTTS:
     sentences; at the same priority they took the engine's core mid-step, and its frames came
     late. Niced, synthesis runs in the gaps between the engine's steps; a sentence still takes
     a fraction of the time it plays for. Ignored where the platform has no ``os.setpriority``.
+
+    Callers share the one program (a ``SharedVoice``): ``synthesize_first`` (a reply's first
+    part, which its caller is waiting for) goes before any ``synthesize`` waiting for the program.
     """
 
     def __init__(
@@ -92,7 +96,7 @@ class PiperTTS:
         self._proc: subprocess.Popen[bytes] | None = None
         self._dir: tempfile.TemporaryDirectory[str] | None = None
         self._buffer = b""
-        self._lock = threading.Lock()  # one program, one line at a time
+        self._gate = SpeechGate()  # one program, one line at a time; a reply's first part goes first
 
     def load(self) -> None:
         """Start the program and load the voice now, instead of on the first sentence."""
@@ -147,10 +151,17 @@ class PiperTTS:
                 self._buffer += chunk
 
     def synthesize(self, text: str) -> tuple[npt.NDArray[np.int16], int]:
+        return self._say(text, first=False)
+
+    def synthesize_first(self, text: str) -> tuple[npt.NDArray[np.int16], int]:
+        """``synthesize`` for a reply's first part: it goes before any later part waiting for the program."""
+        return self._say(text, first=True)
+
+    def _say(self, text: str, *, first: bool) -> tuple[npt.NDArray[np.int16], int]:
         line = " ".join(text.split())
         if not line:
             return np.zeros(0, dtype=np.int16), 22050
-        with self._lock:
+        with self._gate.hold(first=first):
             proc = self._start()
             assert proc.stdin is not None
             try:
@@ -195,7 +206,7 @@ class PiperTTS:
 
     def close(self) -> None:
         """End the program (idempotent); a later call starts it again."""
-        with self._lock:
+        with self._gate.hold(first=True):
             self._stop()
 
     def __enter__(self) -> PiperTTS:

@@ -11,7 +11,7 @@ from typing import Protocol, runtime_checkable
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["Playback", "SpeechToText", "TextToSpeech"]
+__all__ = ["Playback", "SharedVoice", "SpeechToText", "TextToSpeech"]
 
 
 @runtime_checkable
@@ -26,6 +26,18 @@ class TextToSpeech(Protocol):
     """Turns text into speech: mono int16 PCM and its sample rate."""
 
     def synthesize(self, text: str) -> tuple[npt.NDArray[np.int16], int]: ...
+
+
+@runtime_checkable
+class SharedVoice(Protocol):
+    """A voice several callers share (``PiperTTS``: one process): a reply's first part goes first.
+
+    A ``VoiceAgent`` calls ``synthesize_first`` for each reply's first part, where the voice has
+    it: that part is what the caller waits for, while another caller's later sentences have
+    until the audio ahead of them has played.
+    """
+
+    def synthesize_first(self, text: str) -> tuple[npt.NDArray[np.int16], int]: ...
 
 
 @runtime_checkable
