@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -73,6 +74,9 @@ def test_a_turn_counts_the_speech_work_done_during_its_pause() -> None:
     other = VoiceAdmission(2.0)
     other.observe_turn(typed, callers=1)
     assert other.stats()["work_s"] == pytest.approx(0.1)
+    # the latency event stays JSON a browser parses: an unknown speech_work is null, not NaN
+    assert json.loads(json.dumps(typed.event(), allow_nan=False))["speech_work"] is None
+    assert ahead.event()["speech_work"] == pytest.approx(0.3)
 
 
 def test_recent_turns_past_the_objective_stop_admission_at_once() -> None:

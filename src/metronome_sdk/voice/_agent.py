@@ -157,7 +157,8 @@ class TurnLatency:
         }
 
     def event(self) -> Event:
-        return {"type": "latency", **self.as_dict(), "ahead": self.ahead, "speech_work": self.speech_work}
+        work = self.speech_work if math.isfinite(self.speech_work) else None  # JSON has no NaN
+        return {"type": "latency", **self.as_dict(), "ahead": self.ahead, "speech_work": work}
 
 
 def clause_end(text: str, *, first: bool, min_words: int, max_words: int | None = None) -> int | None:
