@@ -55,14 +55,23 @@ def test_metronome_demo_names_a_port_it_cannot_take() -> None:
     assert "Traceback" not in err
 
 
-def test_metronome_demo_refuses_a_whisper_window_past_whispers(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize(
+    ("option", "bad", "message"),
+    [
+        ("--whisper-window", ("40", "0.5", "ten"), "--whisper-window takes seconds in [1, 30]"),
+        ("--first-words", ("0", "six", "-1"), "--first-words takes a count >= 1 or 'none'"),
+    ],
+)
+def test_metronome_demo_refuses_an_option_out_of_its_range(
+    option: str, bad: tuple[str, ...], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
     from metronome_sdk.cli import main
 
-    for bad in ("40", "0.5", "ten"):
+    for value in bad:
         with pytest.raises(SystemExit) as exit_:
-            main(["demo", "--whisper-window", bad])
+            main(["demo", option, value])
         assert exit_.value.code == 2
-        assert "--whisper-window takes seconds in [1, 30]" in capsys.readouterr().err
+        assert message in capsys.readouterr().err
 
 
 def test_metronome_demo_refuses_a_frame_of_no_tokens(capsys: pytest.CaptureFixture[str]) -> None:
@@ -70,13 +79,3 @@ def test_metronome_demo_refuses_a_frame_of_no_tokens(capsys: pytest.CaptureFixtu
 
     assert main(["demo", "--decode-tokens", "0"]) == 2  # refused before any model loads
     assert "decode_tokens must be an int >= 1, got 0" in capsys.readouterr().err
-
-
-def test_metronome_demo_refuses_a_first_part_of_no_words(capsys: pytest.CaptureFixture[str]) -> None:
-    from metronome_sdk.cli import main
-
-    for bad in ("0", "six", "-1"):
-        with pytest.raises(SystemExit) as exit_:
-            main(["demo", "--first-words", bad])
-        assert exit_.value.code == 2
-        assert "--first-words takes a count >= 1 or 'none'" in capsys.readouterr().err

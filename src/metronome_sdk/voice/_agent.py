@@ -867,7 +867,7 @@ class VoiceAgent:
                 return
             await turn.ahead.flush(self.transport)
         pcm = pcm16(samples)
-        if math.isnan(turn.synthesized_at):  # the reply's first words: the voice's lead-in quiet only delays them
+        if first:  # the reply's first words: the voice's lead-in quiet only delays them
             turn.synthesized_at = time.monotonic()
             pcm = without_lead(pcm, rate)
         await self.transport.send_audio(pcm, rate)
