@@ -231,7 +231,7 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
             "default_turn_detector()'s end_silence = 0.55, also eval turns' first --silences (policy names)",
         ),
         "0.7 s": (2, "VoiceActivityDetector's default end_silence, 0.7 (loudness)"),
-        "32 ms": (3, "Silero VAD's window, 512 samples at 16 kHz (SileroClassifier.window)"),
+        "32 ms": (4, "Silero VAD's window, 512 samples at 16 kHz (SileroClassifier.window)"),
         "0.05 s": (3, "VoiceAgent's default transcribe_pause, TRANSCRIBE_PAUSE = 0.05"),
         "0.6 s": (3, "eval turns' longest pause, GAPS = (0.4, 0.5, 0.6), and the longest Silero wait tried"),
         "30 s": (1, "Whisper's input window, which its encoder always reads: the model's constant"),

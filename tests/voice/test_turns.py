@@ -67,6 +67,39 @@ def test_silero_classifier_checks_its_settings() -> None:
     vad = VoiceActivityDetector(classifier=SileroClassifier())
     assert vad.push(np.zeros(RATE, dtype=np.int16)) == [] and not vad.speaking
     assert vad.flush() is None  # nothing under way
+    with pytest.raises(ValueError, match="512 samples"):
+        SileroClassifier().is_speech(np.zeros(320, dtype=np.int16))
+
+
+def test_silero_streams_share_the_model_not_their_state() -> None:
+    speech = resample(*speak("What is the capital of France? Paris, I think.", voice="espeak"), RATE)
+    windows = [speech[i : i + 512] for i in range(0, speech.size - 512, 512)]
+    quiet = np.zeros(512, dtype=np.int16)
+    alone = SileroClassifier()
+    expected = [alone.probability(w) for w in windows]
+    caller, other = SileroClassifier(), SileroClassifier()
+    heard = []
+    for w in windows:  # another caller's stream, window by window in between, changes nothing
+        other.probability(quiet if len(heard) % 2 else w)
+        heard.append(caller.probability(w))
+    assert heard == expected
+    assert max(expected) > 0.5 > min(expected)  # speech and its gaps, not a constant
+    caller.reset()
+    assert caller.probability(windows[0]) == expected[0]
+
+
+def test_silero_runs_on_the_calling_thread_alone() -> None:
+    # every caller's audio is classified every 32 ms beside the engine's steps: a runtime that
+    # wakes threads of its own for each window takes the engine's cores (a step twice as long)
+    classifier = SileroClassifier()
+    window = (np.random.default_rng(1).standard_normal(512) * 3000).astype(np.int16)
+    classifier.is_speech(window)
+    process, thread = time.process_time(), time.thread_time()
+    for _ in range(300):
+        classifier.is_speech(window)
+    process, thread = time.process_time() - process, time.thread_time() - thread
+    assert thread > 0
+    assert process < 1.5 * thread + 0.005, f"process {process:.4f} s of CPU for {thread:.4f} s on this thread"
 
 
 def _tone(seconds: float) -> npt.NDArray[np.int16]:
