@@ -6,6 +6,7 @@ import threading
 import time
 from collections.abc import Callable
 
+import anyio
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -111,3 +112,47 @@ async def test_the_agent_asks_a_shared_voice_for_each_replys_first_part_first() 
     replies = "".join("F" if f else "." for f in tts.firsts)
     assert replies.count("F") == 2 and replies.startswith("F") and not replies.endswith("F"), (replies, tts.spoken)
     assert "F." in replies[1:], (replies, tts.spoken)
+
+
+class SlowFirstPartTTS(ToneTTS):
+    """A tone voice whose reply's first part takes 0.5 s (six ticks); it notes the frames the agent got meanwhile."""
+
+    def __init__(self, events: list[dict[str, object]]) -> None:
+        super().__init__(seconds=0.2)
+        self.events = events
+        self.frames_meanwhile: list[int] = []
+
+    def _frames(self) -> int:
+        return sum(e["type"] == "frame" for e in list(self.events))
+
+    def synthesize_first(self, text: str) -> tuple[npt.NDArray[np.int16], int]:
+        before = self._frames()
+        time.sleep(0.5)
+        self.frames_meanwhile.append(self._frames() - before)
+        return super().synthesize(text)
+
+
+@pytest.mark.real_model
+async def test_a_reply_decodes_on_only_once_its_first_part_is_voiced() -> None:
+    # the caller waits for the first part's voice; the rest of the reply has that part's playing time
+    events: list[dict[str, object]] = []
+    tts = SlowFirstPartTTS(events)
+    async with Engine() as engine, engine.session(DEFAULT_PROMPT) as session, MemoryTransport() as transport:
+        questions = TurnsSTT("What is the capital of France?", "How many legs does a spider have?")
+        agent = VoiceAgent(session, transport, stt=questions, tts=tts, max_reply_tokens=16, first_words=2)
+
+        async def script(seen: list[dict[str, object]]) -> None:
+            async def copy() -> None:
+                while True:  # the voice counts frames from its own thread: hand it the list as it grows
+                    events[:] = seen
+                    await anyio.sleep(0.01)
+
+            async with anyio.create_task_group() as tg:
+                tg.start_soon(copy)
+                await ask_twice(agent, transport, seen)
+                tg.cancel_scope.cancel()
+
+        await _talk(agent, transport, script)
+    # the frame that completed the part may reach the list after the voice began; none after it
+    assert len(tts.frames_meanwhile) == 2 and max(tts.frames_meanwhile) <= 1, tts.frames_meanwhile
+    assert len(tts.spoken) >= 4, tts.spoken  # each reply went on after its first part

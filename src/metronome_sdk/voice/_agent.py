@@ -16,7 +16,7 @@ import math
 import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import anyio
 import anyio.abc
@@ -215,6 +215,8 @@ class _Turn:
     ahead: Ahead | None = None  # answered at a pause, before the turn detector ended the turn
     transcribe_seconds: float = math.nan  # the recognizer's run for this turn, wherever it ran
     synthesize_seconds: float = math.nan  # the voice's run for its first part
+    # the first part's synthesis is over (or will not run): the reply decodes on only then
+    voiced: anyio.Event = field(default_factory=anyio.Event)
 
 
 class VoiceAgent:
@@ -801,6 +803,10 @@ class VoiceAgent:
                 await self._speech_in.send((turn, part))
             if last:
                 break
+            if parts:
+                # the caller waits for the first part's voice, not for the rest of the reply, which has
+                # the first part's playing time to decode: the cores are the voice's until it is ready
+                await turn.voiced.wait()
             if not await self._go_on(turn, parts):
                 cut = True
                 break
@@ -843,6 +849,7 @@ class VoiceAgent:
                 if turn.number > self._cut:
                     await self._speak(turn, sentence)
             finally:
+                turn.voiced.set()  # its first part is the first of its parts through here
                 self._unspoken -= 1
                 self._done_with(turn)
 
@@ -855,6 +862,7 @@ class VoiceAgent:
             samples, rate = await anyio.to_thread.run_sync(voice, sentence)
             if first:
                 turn.synthesize_seconds = time.monotonic() - started
+                turn.voiced.set()
         except Exception as exc:  # a broken voice is reported, and the words still went out as text
             self._log.warning("voice.tts_failed", error=repr(exc))
             await self.transport.send_event(error_event(exc))
