@@ -6,7 +6,6 @@ import threading
 import time
 from collections.abc import Callable
 
-import anyio
 import numpy as np
 import numpy.typing as npt
 import pytest
@@ -117,9 +116,9 @@ async def test_the_agent_asks_a_shared_voice_for_each_replys_first_part_first() 
 class SlowFirstPartTTS(ToneTTS):
     """A tone voice whose reply's first part takes 0.5 s (six ticks); it notes the frames the agent got meanwhile."""
 
-    def __init__(self, events: list[dict[str, object]]) -> None:
+    def __init__(self) -> None:
         super().__init__(seconds=0.2)
-        self.events = events
+        self.events: list[dict[str, object]] = []  # the call's events, as the caller reads them
         self.frames_meanwhile: list[int] = []
 
     def _frames(self) -> int:
@@ -135,22 +134,14 @@ class SlowFirstPartTTS(ToneTTS):
 @pytest.mark.real_model
 async def test_a_reply_decodes_on_only_once_its_first_part_is_voiced() -> None:
     # the caller waits for the first part's voice; the rest of the reply has that part's playing time
-    events: list[dict[str, object]] = []
-    tts = SlowFirstPartTTS(events)
+    tts = SlowFirstPartTTS()
     async with Engine() as engine, engine.session(DEFAULT_PROMPT) as session, MemoryTransport() as transport:
         questions = TurnsSTT("What is the capital of France?", "How many legs does a spider have?")
         agent = VoiceAgent(session, transport, stt=questions, tts=tts, max_reply_tokens=16, first_words=2)
 
-        async def script(seen: list[dict[str, object]]) -> None:
-            async def copy() -> None:
-                while True:  # the voice counts frames from its own thread: hand it the list as it grows
-                    events[:] = seen
-                    await anyio.sleep(0.01)
-
-            async with anyio.create_task_group() as tg:
-                tg.start_soon(copy)
-                await ask_twice(agent, transport, seen)
-                tg.cancel_scope.cancel()
+        async def script(events: list[dict[str, object]]) -> None:
+            tts.events = events  # the voice counts its frames from its own thread, as they arrive
+            await ask_twice(agent, transport, events)
 
         await _talk(agent, transport, script)
     # the frame that completed the part may reach the list after the voice began; none after it

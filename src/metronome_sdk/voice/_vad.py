@@ -73,6 +73,8 @@ class SileroClassifier:
     sample_rate = 16000
     window = 512
     _CONTEXT = 64  # samples of the previous window the model reads before each one
+    _state: npt.NDArray[np.float32]  # the model's recurrent state, carried from window to window
+    _context: npt.NDArray[np.float32]
 
     def __init__(self, *, threshold: float = 0.5) -> None:
         if not 0.0 < threshold < 1.0:
@@ -80,8 +82,7 @@ class SileroClassifier:
         self.threshold = threshold
         self._model = _silero_model()
         self._rate = np.array(self.sample_rate, dtype=np.int64)
-        self._state: npt.NDArray[np.float32] = np.zeros((2, 1, 128), dtype=np.float32)
-        self._context: npt.NDArray[np.float32] = np.zeros(self._CONTEXT, dtype=np.float32)
+        self.reset()
 
     def probability(self, samples: npt.NDArray[np.int16]) -> float:
         x = samples.reshape(-1).astype(np.float32) / 32767.0
