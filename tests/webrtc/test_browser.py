@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from metronome_bench.eval.voice import word_errors
 from metronome_sdk.webrtc import ServerConfig, WebRTCServer, demo_engine
 from tests.webrtc.cdp import CHROMIUM, Chromium
 from tests.webrtc.conftest import speech_wav
@@ -57,9 +58,15 @@ async def test_the_demo_page_answers_a_spoken_question_in_chromium(tmp_path: Pat
         await browser.wait_for("demo.state === 'stopped'", 10)
     assert state["error"] is None, state
     heard = [t["text"] for t in state["transcript"] if t["role"] == "user"]
-    assert words(heard[0]) == "what is the capital of france", heard
+    # The recognizer is not what this checks (`metronome eval voice` does): tiny.en hears a take of this
+    # question through Opus as "... capital of friends" about 3 times in 96 (Piper's takes x gain, noise,
+    # bit rate and frame offset, measured 2026-12-06), and CI met one. One word wrong passes; Paris is
+    # asked of the answer when France was heard.
+    assert word_errors("What is the capital of France?", heard[0]) <= 1, heard
     answer = next(t["text"] for t in state["transcript"] if t["role"] == "assistant")
-    assert "paris" in answer.lower(), answer
+    assert answer.strip(), state["transcript"]
+    if "france" in words(heard[0]):
+        assert "paris" in answer.lower(), answer
     assert any(line.startswith("you: ") for line in state["lines"])
     assert any(line.startswith("model: ") for line in state["lines"])
     assert state["frames"] >= 1
