@@ -52,6 +52,10 @@ class EngineConfig:
     (the fused kernels where they build, else plain torch), ``"fused"`` (fail if they
     cannot build) or ``"torch"``. ``quantize`` (``"q8_0"`` or ``"q4_1"``) quantizes the
     model's weights on load, once, cached on disk (see the Models page); ``None`` keeps them.
+    ``threads``: the cores a step runs on (``torch.set_num_threads``, set as the model loads;
+    it is torch's setting for the whole process, so other torch models in it follow); ``None``
+    leaves torch's default, one per core. On a small CPU shared with speech models, leaving
+    them a core made the engine's steps faster, not slower (``metronome demo --engine-threads``).
     """
 
     model: str = "smollm2-135m-instruct"
@@ -64,6 +68,7 @@ class EngineConfig:
     device: str = "cpu"
     kernels: Literal["auto", "fused", "torch"] = "auto"
     quantize: Literal["q8_0", "q4_1"] | None = None
+    threads: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model:
@@ -85,6 +90,8 @@ class EngineConfig:
             raise ValueError(f"kernels must be 'auto', 'fused' or 'torch', got {self.kernels!r}; 'auto' is the default")
         if self.quantize not in (None, "q8_0", "q4_1"):
             raise ValueError(f"quantize must be 'q8_0', 'q4_1' or None, got {self.quantize!r}; None keeps the weights")
+        if self.threads is not None:
+            _positive_int("threads", self.threads, "or None for one per core")
 
     def kv_policy(self) -> KVPolicy:
         if self.kv == "full":

@@ -39,6 +39,8 @@ def load_core(cfg: EngineConfig) -> EngineCore:
     from metronome_engine.engine import resolve_kernels
     from metronome_engine.weights import has_blocks
 
+    if cfg.threads is not None:  # before the kernel choice: it is measured, and cached, per thread count
+        torch.set_num_threads(cfg.threads)
     blocks = has_blocks(cfg.model, cfg.quantize)
     path = resolve_kernels(cfg.kernels, torch.device(cfg.device), model=cfg.model, blocks=blocks)
     model = _shared_model(cfg.model, cfg.device, path, cfg.quantize)

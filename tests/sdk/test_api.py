@@ -95,6 +95,8 @@ def test_a_full_input_queue_carries_only_retry_after_and_every_error_a_session_i
         (lambda: metronome.EngineConfig(num_blocks=0), "num_blocks"),
         (lambda: metronome.EngineConfig(block_size=0), "block_size"),
         (lambda: metronome.EngineConfig(model=""), "model"),
+        (lambda: metronome.EngineConfig(threads=0), "threads"),
+        (lambda: metronome.EngineConfig(threads=True), "threads"),  # type: ignore[arg-type]
         (lambda: metronome.TimingConfig(period=0), "period"),
         (lambda: metronome.TimingConfig(deadline=-1.0), "deadline"),
         (lambda: metronome.TimingConfig(period=float("nan")), "period"),
@@ -172,3 +174,29 @@ def test_auto_and_fused_engines_share_one_copy_of_the_weights() -> None:
     assert auto is (fused if resolved == "fused" else plain)
     assert fused.packed == kernels.get_build().tiles_available()  # the tiles pack the weights; else float32
     assert plain is not fused and not plain.packed
+
+
+@pytest.mark.parametrize("threads", [3, None])
+def test_engine_threads_are_set_before_the_kernels_are_chosen(
+    threads: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the kernel choice is measured, and cached, per thread count: it must see the engine's
+    import torch
+
+    import metronome_engine.engine
+    from metronome_sdk._loading import load_core
+
+    calls: list[object] = []
+
+    class Chosen(Exception):
+        pass
+
+    def choose(*args: object, **kwargs: object) -> str:
+        calls.append("kernels")
+        raise Chosen
+
+    monkeypatch.setattr(torch, "set_num_threads", calls.append)
+    monkeypatch.setattr(metronome_engine.engine, "resolve_kernels", choose)
+    with pytest.raises(Chosen):
+        load_core(metronome.EngineConfig(threads=threads))
+    assert calls == ([threads] if threads else []) + ["kernels"]

@@ -60,6 +60,7 @@ def test_metronome_demo_names_a_port_it_cannot_take() -> None:
     [
         ("--whisper-window", ("40", "0.5", "ten"), "--whisper-window takes seconds in [1, 30]"),
         ("--first-words", ("0", "six", "-1"), "--first-words takes a count >= 1 or 'none'"),
+        ("--engine-threads", ("0", "two", "-1"), "--engine-threads takes a count >= 1 or 'all'"),
     ],
 )
 def test_metronome_demo_refuses_an_option_out_of_its_range(
@@ -79,3 +80,13 @@ def test_metronome_demo_refuses_a_frame_of_no_tokens(capsys: pytest.CaptureFixtu
 
     assert main(["demo", "--decode-tokens", "0"]) == 2  # refused before any model loads
     assert "decode_tokens must be an int >= 1, got 0" in capsys.readouterr().err
+
+
+def test_the_demo_engine_leaves_the_voice_a_core(monkeypatch: pytest.MonkeyPatch) -> None:
+    from metronome_sdk.webrtc import demo_engine, voice_threads
+
+    for cores, threads in ((1, 1), (2, 1), (8, 7)):
+        monkeypatch.setattr("os.sched_getaffinity", lambda _pid, n=cores: set(range(n)))
+        assert voice_threads() == threads
+    config = demo_engine(threads=3).config
+    assert config is not None and config.threads == 3

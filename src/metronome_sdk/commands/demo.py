@@ -98,6 +98,14 @@ def _add(p: argparse.ArgumentParser) -> None:
         help="the reply's first part goes to the voice after N whole words when no comma or sentence end came "
         "sooner (default 6; 'none': it waits for one)",
     )
+    p.add_argument(
+        "--engine-threads",
+        type=_threads,
+        default=None,
+        metavar="N",
+        help="cores the engine's steps run on (default: all but one, which the voice models keep; "
+        "'all': torch's default, every core)",
+    )
     p.add_argument("--console", action="store_true", help="run the console demo instead (no browser)")
     p.add_argument("--sessions", type=int, default=3, help="console demo: concurrent sessions (default 3)")
     p.add_argument("--tokens", type=int, default=48, help="console demo: tokens each answer may take (default 48)")
@@ -129,6 +137,14 @@ def _first_words(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"--first-words takes a count >= 1 or 'none', got {text!r}") from None
 
 
+def _threads(text: str) -> int | str:
+    if text.strip().lower() == "all":
+        return "all"
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--engine-threads takes a count >= 1 or 'all', got {text!r}")
+    return int(text)
+
+
 def _window(text: str) -> float:
     from ..voice._whisper import FULL_WINDOW, check_window
 
@@ -156,7 +172,7 @@ def _loopback(host: str) -> bool:
 
 
 async def _serve(args: argparse.Namespace) -> int:
-    from ..webrtc import ServerConfig, WebRTCServer, demo_engine
+    from ..webrtc import ServerConfig, WebRTCServer, demo_engine, voice_threads
 
     token = os.environ.get(TOKEN_ENV) or None
     optional = (
@@ -185,7 +201,9 @@ async def _serve(args: argparse.Namespace) -> int:
     print("loading the model and the voice ...", file=sys.stderr, flush=True)
     ready = "voice demo on {url}  (open it in a browser; Ctrl-C stops)"
     with stop_on_signals() as stop:
-        async with demo_engine(window=args.window, sinks=args.sinks) as engine:
+        threads = voice_threads() if args.engine_threads is None else args.engine_threads
+        engine = demo_engine(window=args.window, sinks=args.sinks, threads=None if threads == "all" else threads)
+        async with engine:
             server = WebRTCServer(engine, config)
             await serve_until(stop, server, f"{args.host}:{args.port}", ready)
     print("stopped: every peer connection and session closed", file=sys.stderr)

@@ -11,7 +11,7 @@ _require("aiortc", extra="webrtc", feature="metronome_sdk.webrtc (the WebRTC tra
 
 # after the check, so that a missing extra says so first
 from ._config import DEFAULT_PROMPT, ServerConfig  # noqa: E402
-from ._demo import demo_engine  # noqa: E402
+from ._demo import demo_engine, voice_threads  # noqa: E402
 from ._peer import WebRTCPeer  # noqa: E402
 from ._server import PeerHandler, WebRTCServer  # noqa: E402
 from ._tracks import ReplyAudioTrack  # noqa: E402
@@ -24,4 +24,5 @@ __all__ = [
     "WebRTCPeer",
     "WebRTCServer",
     "demo_engine",
+    "voice_threads",
 ]

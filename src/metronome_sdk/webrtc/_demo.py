@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import os
+
 from .._config import EngineConfig, TimingConfig
 from .._engine import Engine
 
-__all__ = ["demo_engine"]
+__all__ = ["demo_engine", "voice_threads"]
 
 # No chunk cap below the default: the per-tick token budget (TimingConfig.tick_tokens="auto",
 # sized from the measured step cost) already keeps a step within the deadline, and a turn that
@@ -18,6 +20,16 @@ __all__ = ["demo_engine"]
 DEMO_TIMING = TimingConfig(period=0.08, prompt_at_open=True)
 
 
-def demo_engine(*, window: int = 256, sinks: int = 4) -> Engine:
-    """SmolLM2-135M with a window KV policy, tuned for a CPU (enter it with ``async with``)."""
-    return Engine(EngineConfig(kv="window", window=window, sinks=sinks), timing=DEMO_TIMING)
+def demo_engine(*, window: int = 256, sinks: int = 4, threads: int | None = None) -> Engine:
+    """SmolLM2-135M with a window KV policy, tuned for a CPU (enter it with ``async with``);
+    ``threads``: ``EngineConfig.threads`` (``voice_threads()`` leaves the voice a core)."""
+    return Engine(EngineConfig(kv="window", window=window, sinks=sinks, threads=threads), timing=DEMO_TIMING)
+
+
+def voice_threads() -> int:
+    """The engine's threads beside the voice models in one process: every core this process may
+    run on but one (at least one). On 2 vCPUs the engine's second thread waited on a core the
+    recognizer, the words model or the caller's audio held, and a one-token step took 13-15 ms
+    instead of 6-9; on one thread the first clause came a frame sooner (docs/voice-agent.md)."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(1, cores - 1)
