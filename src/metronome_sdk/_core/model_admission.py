@@ -11,8 +11,7 @@ A session admitted stays for minutes, so the cap grows only on what the steps ha
 while, never on a brief dip; it falls on the first two slow steps. Each session in flight, measured or not, counts at
 ``session_tokens`` a tick. Feedback keeps two terms the model cannot know: ``overhead``, what a
 frame waits at the percentile beyond the median step (the send lead, jitter), and
-``correction``, the model's own misses: scaled up in proportion to a miss (at most by
-``1 / decrease``), down additively while the target is met. Ideas kept from Netflix's concurrency-limits
+``correction``, AIMD on the model's own misses. Ideas kept from Netflix's concurrency-limits
 (Gradient2, Vegas) and Envoy's adaptive concurrency are in docs/sessions.md.
 
 A second signal (the callers' voice-to-voice latency) feeds the same cap through
@@ -160,16 +159,12 @@ class ModelAdmitter(Admitter):
             self._learned = True
         if high > self.threshold:
             if expected is not None and expected <= self.threshold:
-                # a miss the model did not predict: its cost is scaled up by how far the percentile went
-                # past the threshold (Gradient2's gradient), at most 1 / decrease: a frame 4 % late at the
-                # knee costs the cap one session of eighteen, not two
-                self.correction = min(CORRECTION_MAX, self.correction * min(high / self.threshold, 1 / c.decrease))
+                # a miss the model did not predict: its cost is scaled up, multiplicatively
+                self.correction = min(CORRECTION_MAX, self.correction / c.decrease)
             fit = self.fits()
             if high > self.deadline and fit is not None and fit < in_flight and in_flight > 1:
-                # the deadline itself is missed with admission stopped: shed the newest, in proportion to
-                # the miss, at least one and at most a (1 - decrease) share at a time
-                most = math.ceil(in_flight * (1 - c.decrease))
-                share = max(1, min(most, math.ceil(in_flight * (1 - self.deadline / high))))
+                # the deadline itself is missed with admission stopped: shed the newest, a share at a time
+                share = max(1, math.ceil(in_flight * (1 - c.decrease)))
                 self._shed = min(in_flight - max(fit, 1), share)
         else:
             self.correction = max(1.0, self.correction - CORRECTION_RELAX)
