@@ -8,9 +8,13 @@ an edit. Both builds (the engine's ``kernels`` and vLLM's ``sink_window.cpp``) i
 
 from __future__ import annotations
 
+import fcntl
 import re
+import threading
 from collections.abc import Iterable
 from pathlib import Path
+
+import pytest
 
 from metronome_engine import kernels
 from metronome_engine.kernels import ISAS, KernelBuild, get_build
@@ -54,3 +58,35 @@ def test_an_edited_shared_header_moves_both_builds_to_new_folders(tmp_path: Path
     after = [KernelBuild(isa, sources=with_edit(kernels.SOURCES)).build_dir() for isa in ISAS]
     after.append(native.SinkWindowBuild(sources=with_edit(native.SOURCES)).build_dir())
     assert all(a != b and a.parent == b.parent for a, b in zip(after, before, strict=True))
+
+
+def test_a_build_stopped_midway_leaves_no_lock_that_stops_the_next(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # torch's builder waits while its `lock` file exists; a build killed midway leaves one behind
+    from torch.utils import cpp_extension
+
+    seen: list[bool] = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: seen.append((tmp_path / "lock").exists()))
+    (tmp_path / "lock").touch()
+    kernels.compile_and_load("stale", (), [], tmp_path)
+    assert seen == [False]
+
+
+@pytest.mark.timeout(30)
+def test_a_build_in_progress_is_waited_for_not_broken_into(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from torch.utils import cpp_extension
+
+    seen: list[bool] = []
+    monkeypatch.setattr(cpp_extension, "load", lambda **kw: seen.append((tmp_path / "lock").exists()))
+    with open(tmp_path / "build.flock", "w") as other:  # another build holds the folder, its `lock` made
+        fcntl.flock(other, fcntl.LOCK_EX)
+        (tmp_path / "lock").touch()
+        waiting = threading.Thread(target=kernels.compile_and_load, args=("busy", (), [], tmp_path))
+        waiting.start()
+        waiting.join(0.5)
+        assert waiting.is_alive() and seen == []  # it waits on the folder, the other's lock untouched
+        assert (tmp_path / "lock").exists()
+        (tmp_path / "lock").unlink()  # the other build finishes: torch removes its lock, then the flock goes
+    waiting.join(10)
+    assert seen == [False]

@@ -34,6 +34,7 @@ too, so that a whole process runs what a machine of that kind runs.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import logging
 import os
@@ -252,15 +253,24 @@ def compile_and_load(name: str, sources: tuple[Path, ...], cflags: list[str], ta
 
     put_ninja_on_path()
     target.mkdir(parents=True, exist_ok=True)
-    cpp_extension.load(
-        name=name,
-        sources=[str(src) for src in sources if src.suffix == ".cpp"],
-        extra_cflags=cflags,
-        extra_ldflags=["-fopenmp"],
-        build_directory=str(target),
-        is_python_module=False,
-        verbose=False,
-    )
+    # torch's builder guards the folder with a bare ``lock`` file, which a build stopped midway
+    # (Ctrl-C) leaves behind, and every later build waits on it forever. An flock goes with the
+    # process that held it: holding ours, no build of ours is running, so a ``lock`` there is stale.
+    with open(target / "build.flock", "w") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        stale = target / "lock"
+        if stale.exists():
+            log.warning("removing %s, left by a build that was stopped midway", stale)
+            stale.unlink(missing_ok=True)
+        cpp_extension.load(
+            name=name,
+            sources=[str(src) for src in sources if src.suffix == ".cpp"],
+            extra_cflags=cflags,
+            extra_ldflags=["-fopenmp"],
+            build_directory=str(target),
+            is_python_module=False,
+            verbose=False,
+        )
 
 
 _builds = {isa: KernelBuild(isa) for isa in ISAS}
