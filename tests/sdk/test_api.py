@@ -176,27 +176,22 @@ def test_auto_and_fused_engines_share_one_copy_of_the_weights() -> None:
     assert plain is not fused and not plain.packed
 
 
+@pytest.mark.real_model
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("threads", [3, None])
 def test_engine_threads_are_set_before_the_kernels_are_chosen(
     threads: int | None, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # the kernel choice is measured, and cached, per thread count: it must see the engine's
+    # the kernel choice reads torch's thread count (it is measured, and cached, per count): the
+    # engine's must be set first. torch's setter is recorded, not run: this process keeps its one thread
     import torch
 
-    import metronome_engine.engine
     from metronome_sdk._loading import load_core
 
     calls: list[object] = []
-
-    class Chosen(Exception):
-        pass
-
-    def choose(*args: object, **kwargs: object) -> str:
-        calls.append("kernels")
-        raise Chosen
-
+    get = torch.get_num_threads
     monkeypatch.setattr(torch, "set_num_threads", calls.append)
-    monkeypatch.setattr(metronome_engine.engine, "resolve_kernels", choose)
-    with pytest.raises(Chosen):
-        load_core(metronome.EngineConfig(threads=threads))
-    assert calls == ([threads] if threads else []) + ["kernels"]
+    monkeypatch.setattr(torch, "get_num_threads", lambda: calls.append("read") or get())
+    load_core(metronome.EngineConfig(threads=threads, num_blocks=64))
+    assert "read" in calls  # the kernel choice read the count
+    assert calls[: calls.index("read")] == ([threads] if threads else [])
