@@ -119,7 +119,8 @@ class TurnResult:
     and ``answer`` are the server's final transcripts of the turn; ``server`` its ``latency``
     event (the stages, in seconds) when it sent one, and ``ahead`` whether that event says the
     turn was answered ahead (``None``: no event). ``frames``: the tokens each reply frame carried,
-    in order (``Session.decode_tokens`` asks for several; the tick grants what its budget has room for).
+    in order (``Session.decode_tokens`` asks for several; the tick grants what its budget has room for);
+    ``late``: how many of them missed the engine's frame deadline.
     """
 
     callers: int
@@ -132,6 +133,7 @@ class TurnResult:
     server: dict[str, float] | None
     ahead: bool | None = None
     frames: tuple[int, ...] = ()
+    late: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
@@ -145,6 +147,7 @@ class TurnResult:
             "server": self.server,
             "ahead": self.ahead,
             "frames": list(self.frames),
+            "late": self.late,
         }
 
 
@@ -351,6 +354,7 @@ async def call(
                     server=server,
                     ahead=ahead,
                     frames=tuple(int(e.get("tokens", 0)) for e in events if e.get("type") == "frame"),
+                    late=sum(e.get("deadline_missed") is True for e in events if e.get("type") == "frame"),
                 )
             )
     finally:
@@ -416,6 +420,8 @@ def summarize(callers: int, results: Sequence[TurnResult], refused: Sequence[dic
         "turns": len(results),
         "no_reply": sum(r.voice_to_voice is None for r in results),
         "answered_ahead": sum(r.ahead is True for r in results),
+        "frames": sum(len(r.frames) for r in results),
+        "late_frames": sum(r.late for r in results),
         "p50": nearest_rank(heard, 50),
         "p95": nearest_rank(heard, 95),
         "max": max(heard) if heard else None,

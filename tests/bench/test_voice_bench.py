@@ -101,3 +101,13 @@ def test_summarize_counts_missing_replies_and_takes_stage_medians() -> None:
     assert (s["turns"], s["no_reply"], s["p50"], s["p95"], s["max"]) == (4, 1, 2.0, 3.0, 3.0)
     assert s["server_median"] == {"voice_to_voice": 1.9, "transcribe": 0.5}
     assert s["results"][2]["voice_to_voice"] is None
+
+
+def test_summarize_counts_the_reply_frames_that_missed_their_deadline() -> None:
+    results = [
+        TurnResult(1, 0, "q?", "piper-joe", 0.8, "q", "a.", None, frames=(1, 4, 4, 2), late=1),
+        TurnResult(1, 0, "q?", "piper-joe", 0.9, "q", "a.", None, frames=(1, 3), late=0),
+    ]
+    s = summarize(1, results)
+    assert (s["frames"], s["late_frames"]) == (6, 1)
+    assert [r["late"] for r in s["results"]] == [1, 0]

@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import numpy as np
 import pytest
@@ -120,3 +121,64 @@ def test_the_voices_name_the_fix_when_a_piece_is_missing(tmp_path: object) -> No
     for bad in (0.5, 31, True, "10", float("nan")):
         with pytest.raises(ValueError, match="window"):
             WhisperSTT(window=bad)  # type: ignore[arg-type]
+
+
+class _Encoder:
+    """The loaded model's CTranslate2 Whisper, seen through: how many utterances it encodes at once."""
+
+    def __init__(self, model: object, together: threading.Barrier | None) -> None:
+        self._model = model
+        self._together = together
+        self._lock = threading.Lock()
+        self.inside = 0
+        self.most = 0
+
+    def encode(self, *args: object, **kwargs: object) -> object:
+        with self._lock:
+            self.inside += 1
+            self.most = max(self.most, self.inside)
+        try:
+            if self._together is not None:
+                self._together.wait()  # both utterances are in the encoder at the same time, or this breaks
+            return self._model.encode(*args, **kwargs)  # type: ignore[attr-defined]
+        finally:
+            with self._lock:
+                self.inside -= 1
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self._model, name)
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_whisper_hears_as_many_utterances_at_once_as_it_has_workers(workers: int) -> None:
+    from metronome_sdk.voice import EspeakTTS
+
+    question = EspeakTTS(voice="en-us", speed=160).synthesize("What is the largest planet in our solar system?")
+    stt = WhisperSTT(workers=workers)
+    assert stt.workers == workers and f"workers={workers}" in repr(stt)
+    alone = stt.transcribe(*question)
+    loaded = stt._whisper  # faster-whisper's WhisperModel: its CTranslate2 model is what runs the encoder
+    encoder = _Encoder(loaded.model, threading.Barrier(2, timeout=30) if workers == 2 else None)
+    loaded.model = encoder
+    heard: list[str] = []
+    threads = [threading.Thread(target=lambda: heard.append(stt.transcribe(*question))) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert heard == [alone, alone]  # side by side, each hears what it heard alone
+    assert encoder.most == workers
+
+
+def test_whisper_refuses_no_workers() -> None:
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match="workers must be an int >= 1"):
+            WhisperSTT(workers=bad)  # type: ignore[arg-type]
+
+
+def test_the_servers_default_voice_hears_with_the_workers_it_is_given() -> None:
+    from metronome_sdk.voice import EspeakTTS
+    from metronome_sdk.voice._default import load_voice
+
+    stt, _ = load_voice(None, EspeakTTS(voice="en-us"), [], whisper_workers=2)
+    assert isinstance(stt, WhisperSTT) and stt.workers == 2

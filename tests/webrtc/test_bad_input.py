@@ -166,6 +166,10 @@ def test_server_config_checks_its_fields_and_hides_the_token() -> None:
     for bad in (0.5, 31, True):
         with pytest.raises(ValueError, match=r"window must be seconds in \[1, 30\]"):
             ServerConfig(whisper_window=bad)
+    assert ServerConfig().whisper_workers == 2
+    for bad in (0, 1.5, True):
+        with pytest.raises(ValueError, match="workers must be an int >= 1"):
+            ServerConfig(whisper_workers=bad)  # type: ignore[arg-type]
     assert ServerConfig().agent_options()["first_words"] == 6
     assert ServerConfig(first_words=None).agent_options()["first_words"] is None
     for words in (0, 2.5, True):

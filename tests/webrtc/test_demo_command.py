@@ -59,6 +59,7 @@ def test_metronome_demo_names_a_port_it_cannot_take() -> None:
     ("option", "bad", "message"),
     [
         ("--whisper-window", ("40", "0.5", "ten"), "--whisper-window takes seconds in [1, 30]"),
+        ("--whisper-workers", ("0", "two", "-1"), "--whisper-workers takes a count >= 1"),
         ("--first-words", ("0", "six", "-1"), "--first-words takes a count >= 1 or 'none'"),
         ("--engine-threads", ("0", "two", "-1"), "--engine-threads takes a count >= 1 or 'all'"),
     ],
@@ -90,3 +91,10 @@ def test_the_demo_engine_leaves_the_voice_a_core(monkeypatch: pytest.MonkeyPatch
         assert voice_threads() == threads
     config = demo_engine(threads=3).config
     assert config is not None and config.threads == 3
+
+
+def test_the_demo_engine_lets_a_step_take_most_of_the_deadline() -> None:
+    from metronome_sdk.webrtc import demo_engine
+
+    timing = demo_engine(threads=1).timing
+    assert (timing.period, timing.step_share, timing.prompt_at_open) == (0.08, 0.9, True)

@@ -84,6 +84,13 @@ def _add(p: argparse.ArgumentParser) -> None:
         help="seconds of audio Whisper's encoder reads for a short utterance (default 10; 30: Whisper's full window)",
     )
     p.add_argument(
+        "--whisper-workers",
+        type=_workers,
+        default=argparse.SUPPRESS,
+        metavar="N",
+        help="callers' utterances Whisper hears at once (default 2)",
+    )
+    p.add_argument(
         "--decode-tokens",
         type=int,
         default=argparse.SUPPRESS,
@@ -145,6 +152,12 @@ def _threads(text: str) -> int | str:
     return int(text)
 
 
+def _workers(text: str) -> int:
+    if not text.strip().isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"--whisper-workers takes a count >= 1, got {text!r}")
+    return int(text)
+
+
 def _window(text: str) -> float:
     from ..voice._whisper import FULL_WINDOW, check_window
 
@@ -180,6 +193,7 @@ async def _serve(args: argparse.Namespace) -> int:
         "decode_tokens",
         "first_words",
         "whisper_window",
+        "whisper_workers",
         "pause",
         "transcribe_pause",
         "end_silence",

@@ -16,12 +16,13 @@ def load_voice(
     started: list[PiperTTS],
     *,
     whisper_window: float = DEFAULT_WINDOW,
+    whisper_workers: int = 2,
 ) -> tuple[SpeechToText, TextToSpeech]:
     """``stt`` and ``tts``, each loaded by default where ``None`` (Whisper reading ``whisper_window``
-    seconds); a Piper voice started here goes in ``started``, for its owner to close (its own
-    process). Blocking: call it on a worker thread."""
+    seconds, ``whisper_workers`` utterances at once); a Piper voice started here goes in ``started``,
+    for its owner to close (its own process). Blocking: call it on a worker thread."""
     if stt is None:
-        whisper = WhisperSTT(window=whisper_window)
+        whisper = WhisperSTT(window=whisper_window, workers=whisper_workers)
         whisper.load()
         stt = whisper
     if tts is None:

@@ -8,7 +8,7 @@ from typing import Any
 
 from ..voice._admission import DEFAULT_OBJECTIVE
 from ..voice._agent import TRANSCRIBE_PAUSE, check_first_words, check_transcribe_pause
-from ..voice._whisper import DEFAULT_WINDOW, check_window
+from ..voice._whisper import DEFAULT_WINDOW, check_window, check_workers
 
 __all__: list[str] = []  # internal: ServerConfig and DEFAULT_PROMPT, exported by metronome_sdk.webrtc
 
@@ -57,7 +57,9 @@ class ServerConfig:
     (``default_turn_detector``: 0.55 with Silero VAD); 1.0 halves the half-sentences answered
     with the words model on, at the cost of the turns it misreads.
     ``whisper_window``: the seconds of audio the default voice's Whisper reads for a short
-    utterance (``WhisperSTT(window=...)``: 10; 30 is Whisper's full window).
+    utterance (``WhisperSTT(window=...)``: 10; 30 is Whisper's full window); ``whisper_workers``:
+    how many callers' utterances it hears at once (``WhisperSTT(workers=...)``: 2, so two callers
+    who stop together are heard side by side; the engine is idle while its callers speak).
     ``voice_objective``: the default voice agent's callers are admitted only while each can
     still hear its first reply audio within that many seconds of the end of its speech (p95,
     ``VoiceAdmission``: 1.5 s, the upper end of what local CPU pipelines reach; the server's clock
@@ -88,6 +90,7 @@ class ServerConfig:
     text_turn: bool = True
     end_silence: float | None = None
     whisper_window: float = DEFAULT_WINDOW
+    whisper_workers: int = 2
     demo_page: bool = True
     voice_objective: float | None = DEFAULT_OBJECTIVE
 
@@ -141,6 +144,7 @@ class ServerConfig:
             raise ValueError(f"decode_tokens must be an int >= 1, got {self.decode_tokens!r}; try 4")
         check_first_words(self.first_words)
         check_window(self.whisper_window)
+        check_workers(self.whisper_workers)
         for name in ("max_buffered", "offers_per_client"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:

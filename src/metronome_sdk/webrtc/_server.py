@@ -158,7 +158,11 @@ class WebRTCServer:
 
     def _load_voice(self) -> None:
         self._stt, self._tts = load_voice(
-            self._stt, self._tts, self._own_voice, whisper_window=self.config.whisper_window
+            self._stt,
+            self._tts,
+            self._own_voice,
+            whisper_window=self.config.whisper_window,
+            whisper_workers=self.config.whisper_workers,
         )
         if self.config.smart_turn and self._turn_model is None:
             model = SmartTurn()
