@@ -62,8 +62,8 @@ class WhisperSTT:
 
     ``workers``: utterances heard at once (CTranslate2 replicas sharing the weights, each on
     ``threads`` threads); more wait their turn. Two callers who stop speaking together are
-    heard side by side, not one after the other: on a 2-vCPU EPYC two at once took 182 ms
-    where one after the other took 302 ms (one alone: 145 ms).
+    heard side by side, not one after the other: on a 2-vCPU EPYC two at once took 196 ms
+    where one after the other took 290 ms (one alone: 132 ms; docs/voice-agent.md).
     """
 
     sample_rate = 16000
