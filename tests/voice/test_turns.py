@@ -71,6 +71,49 @@ def test_silero_classifier_checks_its_settings() -> None:
         SileroClassifier().is_speech(np.zeros(320, dtype=np.int16))
 
 
+def _speech_windows(classifier: SileroClassifier, pcm: npt.NDArray[np.int16]) -> list[int]:
+    """The indices of the 32 ms windows ``classifier`` calls speech, with a second of silence after ``pcm``."""
+    x = np.concatenate([pcm, np.zeros(RATE, dtype=np.int16)])
+    return [i for i in range(x.size // 512) if classifier.is_speech(x[i * 512 : (i + 1) * 512])]
+
+
+def _level(pcm: npt.NDArray[np.int16]) -> float:
+    return 20 * float(np.log10(max(float(np.sqrt(np.mean(np.square(pcm, dtype=np.float64)))) / 32768, 1e-5)))
+
+
+def test_silero_leaves_out_the_faint_tail_of_speech_and_only_that() -> None:
+    speech = resample(*speak("What is the capital of France?", voice="espeak"), RATE)
+    gated, model = SileroClassifier(), SileroClassifier(tail_db=None)
+    assert (gated.tail_db, model.tail_db) == (40.0, None) and "tail_db=40.0" in repr(gated)
+    with_gate, alone = _speech_windows(gated, speech), _speech_windows(model, speech)
+    assert set(with_gate) <= set(alone)  # the gate only takes windows away
+    assert with_gate[-1] < alone[-1]  # the question's speech ends sooner: its faint last sounds are left out
+    x = np.concatenate([speech, np.zeros(RATE, dtype=np.int16)])
+    peak = max(_level(x[i * 512 : (i + 1) * 512]) for i in alone)
+    for i in set(alone) - set(with_gate):  # each one left out is more than 40 dB below the loudest speech
+        assert _level(x[i * 512 : (i + 1) * 512]) < peak - 40 + 0.01
+
+
+def test_silero_gate_follows_the_callers_level_not_a_fixed_one() -> None:
+    # a caller 30 dB quieter (a far microphone) peaks near -41 dBFS: a fixed gate at -50 would take
+    # most of the question away; the gate relative to the caller's own peak keeps its speech
+    speech = resample(*speak("What is the capital of France?", voice="espeak"), RATE)
+    quiet = (speech.astype(np.float64) * 10 ** (-30 / 20)).astype(np.int16)
+    kept = _speech_windows(SileroClassifier(), quiet)
+    alone = _speech_windows(SileroClassifier(tail_db=None), quiet)
+    assert alone and len(kept) >= 0.8 * len(alone)
+    loud = SileroClassifier()
+    _speech_windows(loud, speech)
+    loud.reset()  # a new stream forgets the last one's peak: the quiet caller after a loud one keeps its speech
+    assert _speech_windows(loud, quiet) == kept
+
+
+def test_silero_gate_checks_its_setting() -> None:
+    for bad in (0, -3, 101, True, "40"):
+        with pytest.raises(ValueError, match=r"tail_db must be in \(0, 100\] dB, or None"):
+            SileroClassifier(tail_db=bad)  # type: ignore[arg-type]
+
+
 def test_silero_streams_share_the_model_not_their_state() -> None:
     speech = resample(*speak("What is the capital of France? Paris, I think.", voice="espeak"), RATE)
     windows = [speech[i : i + 512] for i in range(0, speech.size - 512, 512)]
@@ -389,3 +432,26 @@ async def test_each_answer_reports_its_voice_to_voice_latency() -> None:
     breakdown = {p: latency[0][p] for p in ("voice_to_voice", *parts)}
     assert [e["turn"] for e in events if e["type"] == "stats"][-1] == breakdown
     assert all(float(latency[0][p]) >= 0 for p in parts)  # type: ignore[arg-type]
+
+
+def test_an_utterance_keeps_the_start_of_its_pause_when_told_to() -> None:
+    # loudness in 20 ms windows: 0.4 s of tone is speech, then quiet
+    tone = (8000 * np.sin(np.arange(int(0.4 * RATE)) * 2 * np.pi * 440 / RATE)).astype(np.int16)
+    quiet = np.zeros(320, dtype=np.int16)
+    for keep, kept_windows in ((0.0, 0), (0.04, 2)):
+        vad = VoiceActivityDetector(end_silence=0.2, keep_pause=keep)
+        assert vad.keep_pause == pytest.approx(kept_windows * 0.02)
+        vad.push(tone)
+        speech = vad.heard_samples
+        sizes = []
+        for _ in range(5):
+            vad.push(quiet)
+            sizes.append(vad.heard_samples)
+        # the audio heard so far takes in the pause's first windows, then stops growing: a stable key
+        assert sizes == [speech + 320 * min(i + 1, kept_windows) for i in range(5)]
+        heard = vad.heard_so_far()
+        assert heard is not None and heard.size == sizes[-1]
+        (utterance,) = vad.push(np.zeros(320 * 10, dtype=np.int16))
+        assert utterance.size == speech + 320 * kept_windows and vad.silence_after >= 0.2
+    with pytest.raises(ValueError, match="keep_pause"):
+        VoiceActivityDetector(keep_pause=-0.1)

@@ -479,6 +479,7 @@ class VoiceAgent:
         ``pause`` ask the turn model whether it is done and end the turn if the models said so."""
         quiet = self.vad.pause
         start = self.pause if self.transcribe_pause is None else min(self.transcribe_pause, self.pause)
+        start = max(start, self.vad.keep_pause)  # before it, the utterance still takes in its pause
         if not (self.early_transcribe or self.turn_model is not None) or quiet < start:
             return
         key = (self._utterance, self.vad.heard_samples)  # every frame of a pause: the audio is built only to send

