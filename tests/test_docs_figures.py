@@ -259,7 +259,7 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
         "48 kHz": (1, "ReplyAudioTrack's sample_rate, 48000"),
         "60 s": (1, "ServerConfig.offer_window's default, 60.0"),
         "10 s": (1, "ServerConfig.media_timeout's default, 10.0"),
-        "0.3 s": (1, "the caller's wait the server cannot see, WEBRTC_UNSEEN = 0.3 (voice/_admission.py)"),
+        "0.23 s": (1, "the caller's wait the server cannot see, WEBRTC_UNSEEN = 0.23 (voice/_admission.py)"),
         "256 KiB": (1, "ServerConfig.max_buffered's default, 256 << 10"),
         "30 s": (1, "ICE consent's timeout (RFC 7675): aioice's CONSENT_FAILURES 6 x CONSENT_INTERVAL 5 s"),
     },
