@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 import threading
+from typing import Any
 
 import numpy as np
 import pytest
@@ -124,11 +125,11 @@ def test_the_voices_name_the_fix_when_a_piece_is_missing(tmp_path: object) -> No
 
 
 class _Encoder:
-    """The loaded model's CTranslate2 Whisper, seen through: how many utterances it encodes at once."""
+    """faster-whisper's CTranslate2 model, seen through: how many utterances it encodes at once."""
 
-    def __init__(self, model: object, together: threading.Barrier | None) -> None:
+    def __init__(self, model: object) -> None:
         self._model = model
-        self._together = together
+        self.together: threading.Barrier | None = None
         self._lock = threading.Lock()
         self.inside = 0
         self.most = 0
@@ -138,8 +139,8 @@ class _Encoder:
             self.inside += 1
             self.most = max(self.most, self.inside)
         try:
-            if self._together is not None:
-                self._together.wait()  # both utterances are in the encoder at the same time, or this breaks
+            if self.together is not None:
+                self.together.wait()  # both utterances are in the encoder at the same time, or this breaks
             return self._model.encode(*args, **kwargs)  # type: ignore[attr-defined]
         finally:
             with self._lock:
@@ -150,16 +151,30 @@ class _Encoder:
 
 
 @pytest.mark.parametrize("workers", [1, 2])
-def test_whisper_hears_as_many_utterances_at_once_as_it_has_workers(workers: int) -> None:
+def test_whisper_hears_as_many_utterances_at_once_as_it_has_workers(
+    workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import faster_whisper
+
     from metronome_sdk.voice import EspeakTTS
 
+    encoders: list[_Encoder] = []
+    load = faster_whisper.WhisperModel.__init__
+
+    def seen_through(model: Any, *args: Any, **kwargs: Any) -> None:  # faster-whisper's, not the project's
+        load(model, *args, **kwargs)
+        encoders.append(_Encoder(model.model))
+        model.model = encoders[-1]
+
+    monkeypatch.setattr(faster_whisper.WhisperModel, "__init__", seen_through)
     question = EspeakTTS(voice="en-us", speed=160).synthesize("What is the largest planet in our solar system?")
     stt = WhisperSTT(workers=workers)
     assert stt.workers == workers and f"workers={workers}" in repr(stt)
     alone = stt.transcribe(*question)
-    loaded = stt._whisper  # faster-whisper's WhisperModel: its CTranslate2 model is what runs the encoder
-    encoder = _Encoder(loaded.model, threading.Barrier(2, timeout=30) if workers == 2 else None)
-    loaded.model = encoder
+    (encoder,) = encoders
+    assert encoder.most == 1
+    if workers == 2:
+        encoder.together = threading.Barrier(2, timeout=30)
     heard: list[str] = []
     threads = [threading.Thread(target=lambda: heard.append(stt.transcribe(*question))) for _ in range(2)]
     for t in threads:
