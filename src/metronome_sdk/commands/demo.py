@@ -153,9 +153,12 @@ def _threads(text: str) -> int | str:
 
 
 def _workers(text: str) -> int:
-    if not text.strip().isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"--whisper-workers takes a count >= 1, got {text!r}")
-    return int(text)
+    from ..voice._whisper import check_workers
+
+    try:
+        return check_workers(int(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--whisper-workers takes a count >= 1, got {text!r}") from None
 
 
 def _window(text: str) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ._piper import PiperTTS
 from ._protocols import SpeechToText, TextToSpeech
 from ._text_turn import TextTurn, TextTurnModel
-from ._whisper import DEFAULT_WINDOW, WhisperSTT
+from ._whisper import DEFAULT_WINDOW, SERVER_WORKERS, WhisperSTT
 
 __all__: list[str] = []  # internal: load_voice and load_words, for the WebRTC server and `metronome serve`
 
@@ -16,7 +16,7 @@ def load_voice(
     started: list[PiperTTS],
     *,
     whisper_window: float = DEFAULT_WINDOW,
-    whisper_workers: int = 2,
+    whisper_workers: int = SERVER_WORKERS,
 ) -> tuple[SpeechToText, TextToSpeech]:
     """``stt`` and ``tts``, each loaded by default where ``None`` (Whisper reading ``whisper_window``
     seconds, ``whisper_workers`` utterances at once); a Piper voice started here goes in ``started``,

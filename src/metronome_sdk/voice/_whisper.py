@@ -15,6 +15,8 @@ from .._audio import resample
 __all__ = ["WhisperSTT"]
 
 FULL_WINDOW = 30.0  # seconds: what Whisper was trained on, and faster-whisper's own path
+# utterances a server's default Whisper hears at once: two callers who stop together side by side
+SERVER_WORKERS = 2
 DEFAULT_WINDOW = 10.0  # seconds: chosen by word errors on the answers' questions (docs/voice-agent.md)
 
 

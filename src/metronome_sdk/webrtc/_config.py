@@ -8,7 +8,7 @@ from typing import Any
 
 from ..voice._admission import DEFAULT_OBJECTIVE
 from ..voice._agent import TRANSCRIBE_PAUSE, check_first_words, check_transcribe_pause
-from ..voice._whisper import DEFAULT_WINDOW, check_window, check_workers
+from ..voice._whisper import DEFAULT_WINDOW, SERVER_WORKERS, check_window, check_workers
 
 __all__: list[str] = []  # internal: ServerConfig and DEFAULT_PROMPT, exported by metronome_sdk.webrtc
 
@@ -90,7 +90,7 @@ class ServerConfig:
     text_turn: bool = True
     end_silence: float | None = None
     whisper_window: float = DEFAULT_WINDOW
-    whisper_workers: int = 2
+    whisper_workers: int = SERVER_WORKERS
     demo_page: bool = True
     voice_objective: float | None = DEFAULT_OBJECTIVE
 
