@@ -50,6 +50,9 @@ __all__ = [
     "nearest_rank",
     "rms",
     "run_round",
+    "rtvi_stages",
+    "rtvi_text",
+    "spawn_anchor",
     "spawn_demo",
     "summarize",
     "to_caller_rate",
@@ -224,7 +227,9 @@ class _Caller:
         self.channel = self.pc.createDataChannel("events")
         self.channel.on("message", self._on_message)
         self.events: list[dict[str, Any]] = []
+        self.received: list[float] = []  # time.monotonic() when each event came
         self.loud: list[float] = []  # time.monotonic() of each reply frame above LOUD
+        self.frames_in = 0  # reply-track frames received: the other side's audio flows
         self.changed = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         self.pc.on("track", self._on_track)
@@ -234,6 +239,7 @@ class _Caller:
             event = json.loads(message)
             if isinstance(event, dict):
                 self.events.append(event)
+                self.received.append(time.monotonic())
                 self.changed.set()
 
     def _on_track(self, track: Any) -> None:
@@ -245,6 +251,9 @@ class _Caller:
         with contextlib.suppress(MediaStreamError):
             while True:
                 frame = await track.recv()
+                self.frames_in += 1
+                if self.frames_in == 1:
+                    self.changed.set()
                 pcm = frame.to_ndarray().reshape(-1).astype(np.int16)
                 if rms(pcm) > LOUD:
                     self.loud.append(time.monotonic())
@@ -293,6 +302,45 @@ def _final(events: Sequence[dict[str, Any]], role: str) -> list[str]:
     ]
 
 
+def _is(event: dict[str, Any], kind: str) -> bool:
+    """Whether ``event`` is Pipecat's RTVI message ``kind`` (of a user's transcription, a final one)."""
+    if event.get("label") != "rtvi-ai" or event.get("type") != kind:
+        return False
+    data = event.get("data")
+    return kind != "user-transcription" or (isinstance(data, dict) and data.get("final") is True)
+
+
+def rtvi_text(events: Sequence[dict[str, Any]], kind: str) -> list[str]:
+    """The texts of Pipecat's RTVI messages of ``kind`` (``user-transcription`` final ones only)."""
+    texts = []
+    for e in events:
+        data = e.get("data")
+        if _is(e, kind) and isinstance(data, dict):
+            texts.append(" ".join(str(data.get("text", "")).split()))
+    return texts
+
+
+def rtvi_stages(events: Sequence[dict[str, Any]], received: Sequence[float], spoken_at: float) -> dict[str, float]:
+    """A Pipecat bot's turn in stages, from when its RTVI messages reached the caller (it sends no
+    breakdown): its transcript, the turn's end, the first token, the first audio sent, each counted
+    from the stage before it (the first from the caller's end of speech)."""
+    marks = [("heard", "user-transcription"), ("turn_end", "user-stopped-speaking")]
+    marks += [("first_token", "bot-llm-text"), ("first_audio_sent", "bot-started-speaking")]
+    stages, last = {}, spoken_at
+    for name, kind in marks:
+        at = next((t for e, t in zip(events, received, strict=True) if _is(e, kind) and t > last), None)
+        if at is None:
+            break
+        stages[name], last = at - last, at
+    return stages
+
+
+def _said(events: Sequence[dict[str, Any]], role: str, *, rtvi: bool) -> str:
+    if rtvi:
+        return " ".join(rtvi_text(events, "user-transcription" if role == "user" else "bot-transcription"))
+    return " ".join(_final(events, role))
+
+
 async def call(
     url: str,
     questions: Sequence[SpokenQuestion],
@@ -302,15 +350,25 @@ async def call(
     token: str | None = None,
     delay: float = 0.0,
     timeout: float = 30.0,
+    rtvi: bool = False,
 ) -> list[TurnResult]:
-    """One call: ask each question in turn, each after the last reply has played out; one result each."""
+    """One call: ask each question in turn, each after the last reply has played out; one result each.
+
+    ``rtvi``: the server is a Pipecat bot (the voice anchor), whose events are Pipecat's RTVI
+    messages: it is ready once its audio flows, a reply is whole at ``bot-llm-stopped``, and it
+    sends no breakdown of its own.
+    """
     await asyncio.sleep(delay)
     peer = _Caller()
     results: list[TurnResult] = []
     try:
         await peer.connect(url, token)
-        if not await peer.until(lambda: any(e.get("type") == "ready" for e in peer.events), timeout):
-            raise RuntimeError(f"caller {caller}: the server sent no 'ready' event within {timeout:g} s")
+        if rtvi:
+            ready, what = (lambda: peer.frames_in > 0), "no audio"
+        else:
+            ready, what = (lambda: any(e.get("type") == "ready" for e in peer.events)), "no 'ready' event"
+        if not await peer.until(ready, timeout):
+            raise RuntimeError(f"caller {caller}: the server sent {what} within {timeout:g} s")
         for q in questions:
             seen = len(peer.events)
             spoken_at = await peer.microphone.say(q.pcm)
@@ -322,6 +380,8 @@ async def call(
             first = next((t for t in peer.loud if t > spoken_at), None) if got else None
 
             def answered(seen: int = seen) -> bool:
+                if rtvi:
+                    return any(e.get("type") == "bot-llm-stopped" for e in peer.events[seen:])
                 return bool(_final(peer.events[seen:], "assistant"))
 
             await peer.until(answered, timeout)
@@ -335,7 +395,9 @@ async def call(
             events = peer.events[seen:]
             latency = next((e for e in events if e.get("type") == "latency"), None)
             server, ahead = None, None
-            if latency is not None:  # the stages in seconds; a flag is no stage
+            if rtvi:
+                server = rtvi_stages(events, peer.received[seen:], spoken_at)
+            elif latency is not None:  # the stages in seconds; a flag is no stage
                 server = {
                     k: float(v)
                     for k, v in latency.items()
@@ -349,8 +411,8 @@ async def call(
                     question=q.text,
                     voice=q.voice,
                     voice_to_voice=None if first is None else first - spoken_at,
-                    heard=" ".join(_final(events, "user")),
-                    answer=" ".join(_final(events, "assistant")),
+                    heard=_said(events, "user", rtvi=rtvi),
+                    answer=_said(events, "assistant", rtvi=rtvi),
                     server=server,
                     ahead=ahead,
                     frames=tuple(int(e.get("tokens", 0)) for e in events if e.get("type") == "frame"),
@@ -372,6 +434,7 @@ async def run_round(
     stagger: float = 0.5,
     timeout: float = 30.0,
     refused: list[dict[str, Any]] | None = None,
+    rtvi: bool = False,
 ) -> list[TurnResult]:
     """``callers`` calls at once, each asking ``turns`` questions (caller ``i`` starts ``i * stagger`` s late).
 
@@ -388,7 +451,9 @@ async def run_round(
 
     async def one(i: int, plan: list[SpokenQuestion]) -> list[TurnResult]:
         try:
-            return await call(url, plan, callers=callers, caller=i, token=token, delay=i * stagger, timeout=timeout)
+            return await call(
+                url, plan, callers=callers, caller=i, token=token, delay=i * stagger, timeout=timeout, rtvi=rtvi
+            )
         except Refused as exc:
             if refused is None:
                 raise
@@ -453,6 +518,7 @@ def machine() -> dict[str, Any]:
 
 
 _READY = re.compile(r"voice demo on (http://\S+/)")
+_ANCHOR_READY = re.compile(r"pipecat anchor on (http://\S+/)")
 
 
 @contextlib.asynccontextmanager
@@ -463,6 +529,22 @@ async def spawn_demo(args: Sequence[str] = (), *, log: Path, timeout: float = 60
     stopped within 30 s.
     """
     command = [sys.executable, "-m", "metronome_sdk.cli", "demo", "--port", "0", *args]
+    async with _spawn(command, _READY, "`metronome demo`", log=log, timeout=timeout) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def spawn_anchor(*, log: Path, timeout: float = 600.0) -> AsyncIterator[str]:
+    """The Pipecat voice anchor (``metronome_bench.pipecat_anchor``) in its own process; yields its URL."""
+    command = [sys.executable, "-m", "metronome_bench.pipecat_anchor", "--port", "0"]
+    async with _spawn(command, _ANCHOR_READY, "the Pipecat anchor", log=log, timeout=timeout) as url:
+        yield url
+
+
+@contextlib.asynccontextmanager
+async def _spawn(
+    command: list[str], ready: re.Pattern[str], name: str, *, log: Path, timeout: float
+) -> AsyncIterator[str]:
     with log.open("wb") as sink:
         proc = await asyncio.create_subprocess_exec(
             *command, stdout=asyncio.subprocess.PIPE, stderr=sink, env={**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -474,8 +556,8 @@ async def spawn_demo(args: Sequence[str] = (), *, log: Path, timeout: float = 60
                 while url is None:
                     line = await proc.stdout.readline()
                     if not line:
-                        raise RuntimeError(f"`metronome demo` exited ({await proc.wait()}); see {log}")
-                    found = _READY.search(line.decode(errors="replace"))
+                        raise RuntimeError(f"{name} exited ({await proc.wait()}); see {log}")
+                    found = ready.search(line.decode(errors="replace"))
                     url = found.group(1) if found else None
             yield url
         finally:

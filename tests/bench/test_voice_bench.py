@@ -16,6 +16,8 @@ from metronome_bench.voice import (
     last_speech_frame,
     nearest_rank,
     rms,
+    rtvi_stages,
+    rtvi_text,
     summarize,
     to_caller_rate,
 )
@@ -111,3 +113,28 @@ def test_summarize_counts_the_reply_frames_that_missed_their_deadline() -> None:
     s = summarize(1, results)
     assert (s["frames"], s["late_frames"]) == (6, 1)
     assert [r["late"] for r in s["results"]] == [1, 0]
+
+
+def _rtvi(kind: str, **data: object) -> dict[str, object]:
+    return {"label": "rtvi-ai", "type": kind, **({"data": data} if data else {})}
+
+
+def test_a_pipecat_bots_rtvi_messages_give_its_transcripts_and_its_stages() -> None:
+    events = [
+        _rtvi("user-transcription", text=" What is  the", final=False),
+        _rtvi("user-transcription", text=" What is the capital of France? ", final=True),
+        _rtvi("user-stopped-speaking"),
+        {"type": "transcript", "role": "user", "text": "not pipecat's", "final": True},
+        _rtvi("bot-llm-text", text="The"),
+        _rtvi("bot-llm-text", text=" capital"),
+        _rtvi("bot-started-speaking"),
+        _rtvi("bot-transcription", text="The capital of France is Paris."),
+    ]
+    received = [10.2, 10.4, 10.5, 10.5, 10.7, 10.75, 11.0, 11.1]
+    assert rtvi_text(events, "user-transcription") == ["What is the capital of France?"]  # the final one
+    assert rtvi_text(events, "bot-transcription") == ["The capital of France is Paris."]
+    stages = rtvi_stages(events, received, spoken_at=10.0)
+    assert stages == pytest.approx({"heard": 0.4, "turn_end": 0.1, "first_token": 0.2, "first_audio_sent": 0.3})
+    # stages count only what came after the end of speech, and stop at the first one missing
+    assert rtvi_stages(events, received, spoken_at=10.45) == pytest.approx({})
+    assert rtvi_stages(events[:3], received[:3], spoken_at=10.0) == pytest.approx({"heard": 0.4, "turn_end": 0.1})

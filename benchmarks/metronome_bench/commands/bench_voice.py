@@ -75,6 +75,13 @@ def _add(p: argparse.ArgumentParser) -> None:
         help="the spawned demo's voice-to-voice objective (its admission; 'none': off); default the demo's, 1.5 s. "
         "The report says how many callers the server held within it",
     )
+    p.add_argument(
+        "--anchor",
+        choices=("none", "pipecat"),
+        default="none",
+        help="also time a stock Pipecat pipeline of the same models (metronome_bench.pipecat_anchor), "
+        "round for round after the demo's, with the same callers and questions (default none)",
+    )
     p.add_argument("--warmup", type=int, default=1, help="questions asked first and not counted (default 1)")
     p.add_argument("--timeout", type=float, default=30.0, help="seconds a turn may wait for its reply (default 30)")
     p.add_argument("--out", type=Path, default=Path("bench-out"), help="folder for voice.json (default bench-out/)")
@@ -108,7 +115,7 @@ def _speak(voices: tuple[str, ...], count: int) -> list[Any]:
 
 
 async def _bench(args: argparse.Namespace, questions: list[Any], log: Path) -> dict[str, Any]:
-    from ..voice import machine, run_round, spawn_demo, summarize
+    from ..voice import machine, run_round, spawn_anchor, spawn_demo, summarize
 
     token = os.environ.get(TOKEN_ENV) or None
     demo_args = shlex.split(args.demo_args)
@@ -119,11 +126,16 @@ async def _bench(args: argparse.Namespace, questions: list[Any], log: Path) -> d
             url = await stack.enter_async_context(spawn_demo(demo_args, log=log))
         else:
             url = args.server if args.server.endswith("/") else args.server + "/"
+        anchor = None
+        if args.anchor == "pipecat":
+            anchor = await stack.enter_async_context(spawn_anchor(log=log.with_name("anchor.log")))
         warm = questions[-1:]
         if args.warmup > 0:
             await run_round(url, warm, callers=1, turns=args.warmup, token=token, timeout=args.timeout)
-        rounds = []
-        for n in args.callers:
+            if anchor is not None:
+                await run_round(anchor, warm, callers=1, turns=args.warmup, timeout=args.timeout, rtvi=True)
+        rounds, anchor_rounds = [], []
+        for n in args.callers:  # the demo's round, then the anchor's: the same callers and questions
             before = machine()["load_avg"]
             refused: list[dict[str, Any]] = []
             results = await run_round(
@@ -132,13 +144,25 @@ async def _bench(args: argparse.Namespace, questions: list[Any], log: Path) -> d
             summary = summarize(n, results, refused)
             summary["load_avg"] = {"before": before, "after": machine()["load_avg"]}
             rounds.append(summary)
+            if anchor is not None:
+                before = machine()["load_avg"]
+                results = await run_round(
+                    anchor, questions, callers=n, turns=args.turns, timeout=args.timeout, rtvi=True
+                )
+                summary = summarize(n, results)
+                summary["load_avg"] = {"before": before, "after": machine()["load_avg"]}
+                anchor_rounds.append(summary)
     objective = _objective(args.voice_objective)
-    return {
+    report: dict[str, Any] = {
         "server": args.server or "spawned: metronome demo " + shlex.join(demo_args),
         "voice_objective_s": objective,
         "held_within_objective": _held(rounds, objective),
         "rounds": rounds,
     }
+    if anchor is not None:
+        report["anchor"] = {"name": "pipecat", "server": "spawned: python -m metronome_bench.pipecat_anchor"}
+        report["anchor"]["rounds"] = anchor_rounds
+    return report
 
 
 def _objective(given: str | None) -> float | None:
@@ -243,6 +267,8 @@ def _print(report: dict[str, Any], saved: Path) -> None:
             for t in r["results"]
         ],
     )
+    if "anchor" in report:
+        _print_anchor(report)
     m = report["machine"]
     flags = ", ".join(f"{f} {'yes' if m[f] else 'no'}" for f in ("avx2", "avx512f", "amx_tile"))
     loads = "; ".join(
@@ -250,6 +276,32 @@ def _print(report: dict[str, Any], saved: Path) -> None:
     )
     print(f"\n{m['model_name']}, {m['cores']} cores ({flags}); load 1 min by round {loads}")
     print(f"report: {saved}  ({report['seconds']} s)")
+
+
+def _print_anchor(report: dict[str, Any]) -> None:
+    """Each caller count's p50 / p95 beside the anchor's, measured in the same run, and their ratio."""
+    anchor = report["anchor"]
+    print(f"\nagainst the anchor ({anchor['name']}: a stock Pipecat pipeline of the same models, same callers):")
+    rows = []
+    for ours, theirs in zip(report["rounds"], anchor["rounds"], strict=True):
+        ratio = [
+            round(t / o, 2) if o and t else None
+            for o, t in ((ours["p50"], theirs["p50"]), (ours["p95"], theirs["p95"]))
+        ]
+        rows.append(
+            [ours["callers"], ours["p50"], ours["p95"], theirs["p50"], theirs["p95"], *ratio, theirs["no_reply"]]
+        )
+    print_table(
+        ["callers", "metronome p50 s", "p95 s", f"{anchor['name']} p50 s", "p95 s", "p50 x", "p95 x", "no reply"], rows
+    )
+    print_table(
+        ["callers", "caller", "voice", "v2v s", "asked", "heard", "answer"],
+        [
+            [t["callers"], t["caller"], t["voice"], t["voice_to_voice"], t["question"], t["heard"], _cut(t["answer"])]
+            for r in anchor["rounds"]
+            for t in r["results"]
+        ],
+    )
 
 
 def _cut(text: str, width: int = 70) -> str:
