@@ -128,7 +128,9 @@ async def _bench(args: argparse.Namespace, questions: list[Any], log: Path) -> d
             url = args.server if args.server.endswith("/") else args.server + "/"
         anchor = None
         if args.anchor == "pipecat":
-            anchor = await stack.enter_async_context(spawn_anchor(log=log.with_name("anchor.log")))
+            # its log stays beside the report: Pipecat says there why a turn went unanswered
+            args.out.mkdir(parents=True, exist_ok=True)
+            anchor = await stack.enter_async_context(spawn_anchor(log=args.out / "anchor.log"))
         warm = questions[-1:]
         if args.warmup > 0:
             await run_round(url, warm, callers=1, turns=args.warmup, token=token, timeout=args.timeout)
@@ -161,6 +163,7 @@ async def _bench(args: argparse.Namespace, questions: list[Any], log: Path) -> d
     }
     if anchor is not None:
         report["anchor"] = {"name": "pipecat", "server": "spawned: python -m metronome_bench.pipecat_anchor"}
+        report["anchor"]["log"] = str(args.out / "anchor.log")
         report["anchor"]["rounds"] = anchor_rounds
     return report
 
@@ -281,7 +284,8 @@ def _print(report: dict[str, Any], saved: Path) -> None:
 def _print_anchor(report: dict[str, Any]) -> None:
     """Each caller count's p50 / p95 beside the anchor's, measured in the same run, and their ratio."""
     anchor = report["anchor"]
-    print(f"\nagainst the anchor ({anchor['name']}: a stock Pipecat pipeline of the same models, same callers):")
+    print(f"\nagainst the anchor ({anchor['name']}: a stock Pipecat pipeline of the same models, same callers;")
+    print(f"its log: {anchor['log']}):")
     rows = []
     for ours, theirs in zip(report["rounds"], anchor["rounds"], strict=True):
         ratio = [
