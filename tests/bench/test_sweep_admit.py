@@ -33,14 +33,31 @@ def test_the_knee_search_ends_next_to_the_first_count_that_misses() -> None:
             return n <= knee
 
         assert anyio.run(lambda: find_knee(meets, limit=64)) == knee
-        assert knee + 1 in asked  # the count just past the knee was measured to miss
-        assert len(asked) <= 2 * (knee + 1).bit_length() + 1  # O(log N) points, not a linear sweep
+        assert asked.count(knee + 1) == 2  # the count just past the knee was measured to miss, twice
+        assert len(set(asked)) <= 2 * (knee + 1).bit_length() + 1  # O(log N) counts, not a linear sweep
+        assert all(asked.count(n) == 1 for n in asked if n <= knee)  # a count that meets is read once
 
     # every count up to the limit meets: the limit, said as such
     async def always(n: int) -> bool:
         return True
 
     assert anyio.run(lambda: find_knee(always, limit=20)) == 16
+
+
+def test_one_stalled_reading_does_not_end_the_knee_search_below_the_knee() -> None:
+    stalled = {16}  # the first reading of 16 stalls; its second, like every count up to 17, meets
+
+    async def meets(n: int) -> bool:
+        if n in stalled:
+            stalled.discard(n)
+            return False
+        return n <= 17
+
+    assert anyio.run(lambda: find_knee(meets, limit=64)) == 17
+    stalled.add(16)
+    assert anyio.run(lambda: find_knee(meets, limit=64, readings=1)) == 15  # one reading: the stall decides
+    with pytest.raises(ValueError, match="readings"):
+        anyio.run(lambda: find_knee(meets, limit=64, readings=0))
 
 
 def test_admit_demand_and_pool_sit_above_the_knee() -> None:
