@@ -28,6 +28,8 @@ import contextlib
 import sys
 import warnings
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from aiohttp import web
@@ -37,7 +39,26 @@ __all__ = ["READY_LINE", "serve"]
 READY_LINE = "pipecat anchor on"  # the line it prints once it takes calls, with its URL
 
 
-async def _bot(connection: Any, engine: Any) -> None:
+@dataclass(frozen=True, slots=True)
+class _Models:
+    """What every call's bot reads: the demo's voice and recognizer files, its prompt and reply length."""
+
+    voice: Path
+    whisper: Path
+    system_prompt: str | None
+    max_tokens: int
+
+
+def _models() -> _Models:
+    from metronome_sdk.voice import PiperTTS, WhisperSTT
+    from metronome_sdk.webrtc import ServerConfig
+
+    demo = ServerConfig()
+    # the files the demo's voice and recognizer read (neither is started here)
+    return _Models(PiperTTS().voice, WhisperSTT().model, demo.system_prompt, demo.max_reply_tokens)
+
+
+async def _bot(connection: Any, engine: Any, models: _Models) -> None:
     with warnings.catch_warnings():  # pipecat's audio helpers import the deprecated stdlib audioop
         warnings.simplefilter("ignore", DeprecationWarning)
         from pipecat.audio.vad.silero import SileroVADAnalyzer
@@ -55,17 +76,15 @@ async def _bot(connection: Any, engine: Any) -> None:
         from pipecat.workers.runner import WorkerRunner
 
     from metronome_sdk.integrations.pipecat import MetronomeLLMService
-    from metronome_sdk.voice import PiperTTS, WhisperSTT
-    from metronome_sdk.webrtc import ServerConfig
 
-    demo = ServerConfig()
-    voice = PiperTTS().voice  # the files the demo's voice and recognizer read (neither is started here)
-    whisper = WhisperSTT().model
+    voice = models.voice
     transport = SmallWebRTCTransport(
         webrtc_connection=connection, params=TransportParams(audio_in_enabled=True, audio_out_enabled=True)
     )
-    stt = WhisperSTTService(settings=WhisperSTTService.Settings(model=str(whisper)), device="cpu", compute_type="int8")
-    llm = MetronomeLLMService(engine=engine, system_prompt=demo.system_prompt, max_tokens=demo.max_reply_tokens)
+    stt = WhisperSTTService(
+        settings=WhisperSTTService.Settings(model=str(models.whisper)), device="cpu", compute_type="int8"
+    )
+    llm = MetronomeLLMService(engine=engine, system_prompt=models.system_prompt, max_tokens=models.max_tokens)
     tts = PiperTTSService(settings=PiperTTSService.Settings(voice=voice.stem), download_dir=voice.parent)
     context = LLMContext()
     turns = LLMContextAggregatorPair(context, user_params=LLMUserAggregatorParams(vad_analyzer=SileroVADAnalyzer()))
@@ -89,13 +108,14 @@ async def serve(host: str = "127.0.0.1", port: int = 0) -> AsyncIterator[str]:
     from metronome_sdk.webrtc import demo_engine, voice_threads
 
     bots: set[asyncio.Task[None]] = set()
+    models = _models()
     async with demo_engine(threads=voice_threads()) as engine:
 
         async def offer(request: web.Request) -> web.Response:
             body = await request.json()
             connection = SmallWebRTCConnection()
             await connection.initialize(sdp=body["sdp"], type=body["type"])
-            bot = asyncio.ensure_future(_bot(connection, engine))
+            bot = asyncio.ensure_future(_bot(connection, engine, models))
             bots.add(bot)
             bot.add_done_callback(bots.discard)
             return web.json_response(connection.get_answer())  # type: ignore[no-untyped-call]

@@ -381,7 +381,7 @@ async def call(
 
             def answered(seen: int = seen) -> bool:
                 if rtvi:
-                    return any(e.get("type") == "bot-llm-stopped" for e in peer.events[seen:])
+                    return any(_is(e, "bot-llm-stopped") for e in peer.events[seen:])
                 return bool(_final(peer.events[seen:], "assistant"))
 
             await peer.until(answered, timeout)

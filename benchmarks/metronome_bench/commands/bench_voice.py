@@ -131,29 +131,36 @@ async def _bench(args: argparse.Namespace, questions: list[Any], log: Path) -> d
             # its log stays beside the report: Pipecat says there why a turn went unanswered
             args.out.mkdir(parents=True, exist_ok=True)
             anchor = await stack.enter_async_context(spawn_anchor(log=args.out / "anchor.log"))
-        warm = questions[-1:]
-        if args.warmup > 0:
-            await run_round(url, warm, callers=1, turns=args.warmup, token=token, timeout=args.timeout)
-            if anchor is not None:
-                await run_round(anchor, warm, callers=1, turns=args.warmup, timeout=args.timeout, rtvi=True)
-        rounds, anchor_rounds = [], []
-        for n in args.callers:  # the demo's round, then the anchor's: the same callers and questions
+
+        async def timed(target: str, n: int, *, rtvi: bool) -> dict[str, Any]:
+            """One round of ``n`` callers on ``target``, with the load before and after it."""
             before = machine()["load_avg"]
             refused: list[dict[str, Any]] = []
             results = await run_round(
-                url, questions, callers=n, turns=args.turns, token=token, timeout=args.timeout, refused=refused
+                target,
+                questions,
+                callers=n,
+                turns=args.turns,
+                token=token,
+                timeout=args.timeout,
+                refused=refused,
+                rtvi=rtvi,
             )
             summary = summarize(n, results, refused)
             summary["load_avg"] = {"before": before, "after": machine()["load_avg"]}
-            rounds.append(summary)
-            if anchor is not None:
-                before = machine()["load_avg"]
-                results = await run_round(
-                    anchor, questions, callers=n, turns=args.turns, timeout=args.timeout, rtvi=True
+            return summary
+
+        targets = [(url, False)] + ([(anchor, True)] if anchor is not None else [])
+        if args.warmup > 0:
+            for target, rtvi in targets:
+                await run_round(
+                    target, questions[-1:], callers=1, turns=args.warmup, token=token, timeout=args.timeout, rtvi=rtvi
                 )
-                summary = summarize(n, results)
-                summary["load_avg"] = {"before": before, "after": machine()["load_avg"]}
-                anchor_rounds.append(summary)
+        rounds, anchor_rounds = [], []
+        for n in args.callers:  # the demo's round, then the anchor's: the same callers and questions
+            rounds.append(await timed(url, n, rtvi=False))
+            if anchor is not None:
+                anchor_rounds.append(await timed(anchor, n, rtvi=True))
     objective = _objective(args.voice_objective)
     report: dict[str, Any] = {
         "server": args.server or "spawned: metronome demo " + shlex.join(demo_args),
@@ -162,9 +169,12 @@ async def _bench(args: argparse.Namespace, questions: list[Any], log: Path) -> d
         "rounds": rounds,
     }
     if anchor is not None:
-        report["anchor"] = {"name": "pipecat", "server": "spawned: python -m metronome_bench.pipecat_anchor"}
-        report["anchor"]["log"] = str(args.out / "anchor.log")
-        report["anchor"]["rounds"] = anchor_rounds
+        report["anchor"] = {
+            "name": "pipecat",
+            "server": "spawned: python -m metronome_bench.pipecat_anchor",
+            "log": str(args.out / "anchor.log"),
+            "rounds": anchor_rounds,
+        }
     return report
 
 
@@ -262,14 +272,7 @@ def _print(report: dict[str, Any], saved: Path) -> None:
             f"{report['held_within_objective']} callers at once held within it"
         )
     print()
-    print_table(
-        ["callers", "caller", "voice", "v2v s", "asked", "heard", "answer"],
-        [
-            [t["callers"], t["caller"], t["voice"], t["voice_to_voice"], t["question"], t["heard"], _cut(t["answer"])]
-            for r in report["rounds"]
-            for t in r["results"]
-        ],
-    )
+    _print_turns(report["rounds"])
     if "anchor" in report:
         _print_anchor(report)
     m = report["machine"]
@@ -298,11 +301,16 @@ def _print_anchor(report: dict[str, Any]) -> None:
     print_table(
         ["callers", "metronome p50 s", "p95 s", f"{anchor['name']} p50 s", "p95 s", "p50 x", "p95 x", "no reply"], rows
     )
+    _print_turns(anchor["rounds"])
+
+
+def _print_turns(rounds: list[dict[str, Any]]) -> None:
+    """Each turn's question, what the server heard and what it answered."""
     print_table(
         ["callers", "caller", "voice", "v2v s", "asked", "heard", "answer"],
         [
             [t["callers"], t["caller"], t["voice"], t["voice_to_voice"], t["question"], t["heard"], _cut(t["answer"])]
-            for r in anchor["rounds"]
+            for r in rounds
             for t in r["results"]
         ],
     )
