@@ -21,7 +21,7 @@ import os
 import warnings
 
 QUESTION = "What is the capital of France?"
-INSTRUCTIONS = "Answer the question in one short English sentence."
+INSTRUCTIONS = "Answer the question in one short English sentence. Be factual and direct."
 API_KEY = os.environ.get("METRONOME_TOKEN", "unused")  # the server's token, if it was started with one
 
 

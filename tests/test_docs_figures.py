@@ -241,7 +241,11 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
         "1.0 s": (6, "eval turns' second --silences, default (0.55, 1.0), and demo --end-silence 1.0 (policy names)"),
         "0.06 s": (1, "VoiceAgent's default barge_in, 0.06"),
         "200 ms": (1, "test_barge_in's bound, stopped_at - spoke_at <= 0.2"),
-        "80 ms": (3, "aiortc's four 20 ms frames of jitter buffer (twice), and the default tick period (0.080)"),
+        "80 ms": (
+            6,
+            "aiortc's four 20 ms frames of jitter buffer (five times: reply_lead is sized to them), "
+            "and the default tick period (0.080)",
+        ),
         "8 kHz": (1, "the telephony leg's rate in the sketch, narrowband audio: an example's setting"),
     },
     "webrtc.md": {

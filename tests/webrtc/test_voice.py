@@ -219,6 +219,36 @@ async def test_the_reply_track_is_paced_in_real_time_and_ends_when_stopped() -> 
         await track.recv()
 
 
+async def test_a_reply_with_a_lead_goes_out_back_to_back_then_the_lead_is_given_back() -> None:
+    track = ReplyAudioTrack(sample_rate=48000, frame_seconds=0.02, lead=0.08)
+    paced = ReplyAudioTrack(sample_rate=48000, frame_seconds=0.02)
+    frames = []
+    for t in (track, paced):
+        for _ in range(3):  # quiet: paced on the wall clock, nothing ahead
+            frames.append(await t.recv())
+        assert t.ahead == 0.0
+        t.enqueue(_tone(0.3), RATE)
+        speech = math.ceil(round(t.queued_seconds * 48000) / 960)  # frames
+        start = time.monotonic()
+        for _ in range(4):
+            frames.append(await t.recv())
+        if t is track:  # the reply's first four frames went out at once (paced, they take three periods)
+            assert time.monotonic() - start < 0.05
+            assert track.ahead == 0.08
+        else:
+            assert time.monotonic() - start >= 0.06
+    for _ in range(speech - 4):  # the rest of the speech
+        frames.append(await track.recv())
+    assert track.ahead == 0.08
+    for _ in range(10):
+        frames.append(await track.recv())
+    assert track.ahead == pytest.approx(0.08 - 10 * 0.001)  # a millisecond of each quiet frame's 20
+    pts = [f.pts for f in frames[:7]] + [f.pts for f in frames[14:]]
+    assert pts == [960 * i for i in range(3 + speech + 10)]  # no frame skipped
+    with pytest.raises(ValueError, match="lead must be seconds in"):
+        ReplyAudioTrack(lead=-0.1)
+
+
 @pytest.mark.skipif(shutil.which("espeak-ng") is None, reason="espeak-ng is not installed (apt-get install espeak-ng)")
 def test_espeak_speaks_and_pocketsphinx_hears_words() -> None:
     samples, rate = EspeakTTS().synthesize("Hello. What is the capital of France?")

@@ -91,6 +91,14 @@ def _add(p: argparse.ArgumentParser) -> None:
         help="callers' utterances Whisper hears at once (default 2)",
     )
     p.add_argument(
+        "--reply-lead",
+        type=_lead,
+        default=argparse.SUPPRESS,
+        metavar="SECONDS",
+        help="seconds each reply's audio starts ahead of the wall clock, so a receiver's playout buffer "
+        "(aiortc holds 80 ms) hands it on at once (default 0.08; 0: paced from its first frame)",
+    )
+    p.add_argument(
         "--decode-tokens",
         type=int,
         default=argparse.SUPPRESS,
@@ -172,6 +180,15 @@ def _window(text: str) -> float:
         ) from None
 
 
+def _lead(text: str) -> float:
+    from ..webrtc._tracks import check_lead
+
+    try:
+        return check_lead(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--reply-lead takes seconds in [0, 1], got {text!r}") from None
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.console:
         from ..console_demo import run_console_demo
@@ -200,6 +217,7 @@ async def _serve(args: argparse.Namespace) -> int:
         "pause",
         "transcribe_pause",
         "end_silence",
+        "reply_lead",
     )
     given = {name: getattr(args, name) for name in optional if hasattr(args, name)}
     config = ServerConfig(

@@ -57,7 +57,7 @@ class RealtimeConfig:
     half-sentences; ``metronome eval turns``). ``server_vad`` keeps the turn detector's own (0.55 s).
     """
 
-    instructions: str = "Answer the question in one short English sentence."
+    instructions: str = "Answer the question in one short English sentence. Be factual and direct."
     max_reply_tokens: int = 48
     decode_tokens: int = 4
     max_append_seconds: float = 10.0

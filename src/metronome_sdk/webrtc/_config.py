@@ -9,12 +9,16 @@ from typing import Any
 from ..voice._admission import DEFAULT_OBJECTIVE
 from ..voice._agent import TRANSCRIBE_PAUSE, check_first_words, check_transcribe_pause
 from ..voice._whisper import DEFAULT_WINDOW, SERVER_WORKERS, check_window, check_workers
+from ._tracks import check_lead
 
 __all__: list[str] = []  # internal: ServerConfig and DEFAULT_PROMPT, exported by metronome_sdk.webrtc
 
 # chosen by `metronome eval answers` (docs/voice-agent.md): the most answers right and all in English;
 # "You are a friendly voice assistant. Answer in one or two short sentences." answered France's capital in French
-DEFAULT_PROMPT = "Answer the question in one short English sentence."
+DEFAULT_PROMPT = "Answer the question in one short English sentence. Be factual and direct."
+# aiortc's audio receiver holds four 20 ms packets back before the first: a reply that starts this far
+# ahead of the wall clock is handed on as soon as it arrives (ReplyAudioTrack(lead=...))
+REPLY_LEAD = 0.08
 AHEAD_TOKENS = 96  # a spoken question and its first clause, with room: what an answer ahead may take back
 
 
@@ -65,6 +69,8 @@ class ServerConfig:
     ``VoiceAdmission``: 1.5 s, the upper end of what local CPU pipelines reach; the server's clock
     plus ``WEBRTC_UNSEEN``, what it cannot see of the caller's wait); a lone
     caller is always served; ``None`` admits on the engine's admission alone.
+    ``reply_lead``: each caller's reply audio starts that many seconds ahead of the wall clock
+    (``ReplyAudioTrack(lead=...)``: 0.08, what aiortc's receiver holds back; 0: paced from its first frame).
     """
 
     host: str = "127.0.0.1"
@@ -92,6 +98,7 @@ class ServerConfig:
     whisper_window: float = DEFAULT_WINDOW
     whisper_workers: int = SERVER_WORKERS
     demo_page: bool = True
+    reply_lead: float = REPLY_LEAD
     voice_objective: float | None = DEFAULT_OBJECTIVE
 
     @property
@@ -128,6 +135,7 @@ class ServerConfig:
             raise ValueError(f"max_body must be an int >= 1024 bytes, got {self.max_body!r}; try 65536")
         if isinstance(self.pause, bool) or not isinstance(self.pause, int | float) or not 0 < self.pause <= 2:
             raise ValueError(f"pause must be in (0, 2] seconds, got {self.pause!r}; try 0.2")
+        check_lead(self.reply_lead, "reply_lead")
         check_transcribe_pause(self.transcribe_pause)
         for name in ("early_transcribe", "answer_ahead", "smart_turn", "text_turn"):
             if not isinstance(getattr(self, name), bool):

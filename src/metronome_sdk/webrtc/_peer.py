@@ -49,8 +49,8 @@ class WebRTCPeer:
 
     The inbound audio track is decoded by aiortc and resampled with PyAV to mono int16 at
     ``sample_rate``, in frames of ``frame_seconds`` (audio ``InputFrame``s, the engine's
-    frame format). Speech goes out on a ``ReplyAudioTrack``; events go out as JSON text on
-    the data channel the peer opened. A peer that sends no audio for ``media_timeout``
+    frame format). Speech goes out on a ``ReplyAudioTrack`` (``reply_lead``: its ``lead``); events
+    go out as JSON text on the data channel the peer opened. A peer that sends no audio for ``media_timeout``
     seconds has vanished: ``receive_audio`` raises ``SessionBroken``. ``aclose`` lets
     queued events reach the peer (up to ``close_grace`` seconds), then closes the connection.
 
@@ -75,6 +75,7 @@ class WebRTCPeer:
         close_grace: float = 0.5,
         max_buffered: int = 256 << 10,
         session_id: int | None = None,
+        reply_lead: float = 0.0,
     ) -> None:
         if not media_timeout > 0:
             raise ValueError(f"media_timeout must be > 0 seconds, got {media_timeout!r}; try 10")
@@ -88,7 +89,7 @@ class WebRTCPeer:
         self.session_id = session_id
         self.ended_by: str | None = None
         self.pc = RTCPeerConnection()
-        self.reply = ReplyAudioTrack()
+        self.reply = ReplyAudioTrack(lead=reply_lead)
         self.channel: RTCDataChannel | None = None
         self.closed = False
         self._log = get_logger(session_id=session_id) if session_id is not None else get_logger()

@@ -326,6 +326,7 @@ class WebRTCServer:
             max_buffered=self.config.max_buffered,
             session_id=session.id,
             frame_seconds=0.08 if self._handler is not None else _AGENT_FRAME_SECONDS,
+            reply_lead=self.config.reply_lead,
         )
         try:
             answer = await peer.accept(offer)
