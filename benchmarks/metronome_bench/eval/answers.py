@@ -28,6 +28,7 @@ PROMPTS: tuple[str | None, ...] = (
     "Answer in one short sentence.",
     "You are a helpful assistant. Answer in one short sentence.",
     "Answer the question in one short English sentence.",
+    "Answer the question in one short English sentence. Be factual and direct.",  # the demo's since 2026-12-07
     None,  # the model's own default system prompt (its chat template's)
 )
 
