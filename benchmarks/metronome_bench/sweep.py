@@ -93,6 +93,11 @@ class SweepPoint:
     step_ms: float  # median engine step
     stalled_at_s: float | None  # seconds into the point when the pool first stalled
     peak_occupancy: float
+    # the tick's token budget over the measured ticks, and the ticks where a session's input waited on it:
+    # a point whose talking sessions fill the budget loses a frame at each of its dips
+    budget_min: int | None = None
+    budget_max: int | None = None
+    budget_waits: int = 0
     latencies_ms: list[float] = field(default_factory=list, repr=False)
     error_messages: list[str] = field(default_factory=list)
 
@@ -109,6 +114,9 @@ class SweepPoint:
             "step_ms": self.step_ms,
             "stalled_at_s": self.stalled_at_s,
             "peak_occupancy": round(self.peak_occupancy, 4),
+            "budget_min": self.budget_min,
+            "budget_max": self.budget_max,
+            "budget_waits": self.budget_waits,
             "error_messages": self.error_messages,
         }
 
@@ -131,6 +139,8 @@ def sweep_point_from_trace(kind: Policy, n: int, trace: WorkloadTrace, *, measur
     waited = [trace.waited(f) * 1e3 for f in frames]
     stall = trace.first_stall()
     steps = [t.step_seconds * 1e3 for t in trace.ticks]
+    measured = [t for t in trace.ticks if t.time >= measure_from]
+    budgets = [t.tick_tokens for t in measured if t.tick_tokens is not None]
     return SweepPoint(
         policy=kind,
         n=n,
@@ -144,6 +154,9 @@ def sweep_point_from_trace(kind: Policy, n: int, trace: WorkloadTrace, *, measur
         step_ms=round(statistics.median(steps), 2) if steps else 0.0,
         stalled_at_s=None if stall is None else round(stall.time - trace.start, 3),
         peak_occupancy=max((t.used_blocks / t.pool_blocks for t in trace.ticks), default=0.0),
+        budget_min=min(budgets, default=None),
+        budget_max=max(budgets, default=None),
+        budget_waits=sum(1 for t in measured if t.waiting),
         latencies_ms=waited,
         error_messages=trace.errors[:3],
     )

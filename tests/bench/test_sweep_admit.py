@@ -98,6 +98,9 @@ def test_small_sweep_reports_the_issue_shape() -> None:
         for p in report[kind]:
             assert isinstance(p["p50_ms"], float) and isinstance(p["p99_ms"], float)
             assert p["p50_ms"] <= p["p99_ms"]
+            # the tick budget the point ran under ("auto": measured), and the ticks a session waited on it
+            assert isinstance(p["budget_min"], int) and p["budget_min"] <= p["budget_max"]
+            assert isinstance(p["budget_waits"], int) and p["budget_waits"] >= 0
     assert all(p["stalled"] == 0 for p in report["window"])
 
 
