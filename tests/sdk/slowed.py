@@ -65,5 +65,22 @@ class SlowedBackend:
     def pool_stats(self) -> PoolStats:
         return self.inner.pool_stats()
 
+    # marks and rewinds (Session.mark / rewind / keep), as the core serves them
+    @property
+    def rewinds(self) -> bool:
+        return True
+
+    def hold_blocks(self, limit: int) -> int:
+        return self.inner.hold_blocks(limit)
+
+    def hold(self, seq_id: int, tokens: int) -> None:
+        self.inner.hold(seq_id, tokens)
+
+    def release_hold(self, seq_id: int) -> None:
+        self.inner.release_hold(seq_id)
+
+    def rewind(self, seq_id: int, num_tokens: int) -> int:
+        return self.inner.rewind(seq_id, num_tokens)
+
     def session_bound_blocks(self, chunk: int = 1) -> int | None:
         return self.inner.session_bound_blocks(chunk=chunk)

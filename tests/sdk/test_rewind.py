@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import anyio
 import pytest
 
 from metronome_engine import KVPolicy
-from metronome_sdk import Engine, RewindUnavailable, TimingConfig
-from tests.sdk.conftest import make_engine
+from metronome_sdk import Engine, InputFrame, RewindUnavailable, TimingConfig, TurnInterrupted
+from tests.sdk.conftest import CharTokenizer, make_engine
+from tests.sdk.slowed import SlowedBackend
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -119,3 +121,27 @@ async def test_a_mark_before_the_first_step_goes_back_to_no_sequence() -> None:
             await s.rewind(mark)
             assert s.stats().num_tokens == 0
             assert [(await s.step("hi")).tokens] == want
+
+
+async def test_a_rewind_waits_for_the_interrupted_frame_in_the_tick_now_running() -> None:
+    # a voice agent's answer ahead, withdrawn while its frame is being stepped: the frame leaves with
+    # that tick (its output dropped), and the rewind waits for it instead of refusing
+    core = SlowedBackend(KVPolicy.windowed(12, sinks=4), fixed=0.15, per_token=0.0)
+    engine = Engine(core=core, timing=TimingConfig(period=0.01, deadline=60.0), tokenizer=CharTokenizer())
+    async with engine, engine.session(PROMPT, rewind_tokens=64) as s:
+        await s.step(InputFrame.from_tokens([5, 6]))
+        mark = await s.mark()
+        before = s.stats()
+        s.send_nowait(InputFrame.from_tokens([7, 8, 9]))
+        link = s._require_link()
+        with anyio.fail_after(10):
+            while not any(p.in_tick for p in link.state.channel.inputs):  # the tick has taken it
+                await anyio.sleep(0.001)
+        s.interrupt()
+        with pytest.raises(TurnInterrupted):
+            s.receive_nowait()  # the frame's answer: interrupted
+        await s.rewind(mark)  # no ValueError: the frame in the tick was waited for
+        back = s.stats()
+        assert (back.num_tokens, back.turns) == (before.num_tokens, before.turns)
+        assert s.receive_nowait() is None  # its output was dropped, never delivered
+        await s.step(InputFrame.from_tokens([7]))  # and the session goes on

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from types import TracebackType
 from typing import Any, ClassVar, TypeVar
 
+import anyio
+
 from metronome_engine import EngineBackend, SamplingParams
 
 from .._codec import TextTokenizer
@@ -26,13 +28,15 @@ from .._config import ReliabilityConfig, TimingConfig
 from .._exceptions import RewindUnavailable, TurnInterrupted
 from .._frames import InputFrame
 from .._stats import EngineStats, SessionStats
-from .channel import SessionChannel
+from .channel import ChannelState, SessionChannel
 from .encoding import InputEncoder
 from .state import ContextSnapshot, SessionState
 
 __all__: list[str] = []  # internal: SessionHost, SessionRequest, SessionLink, LinkServices, ContextMark
 
 T = TypeVar("T")
+
+_TICK_POLL = 0.005  # seconds between looks at a frame in a tick that a rewind waits out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,6 +190,11 @@ class SessionLink:
                 session_id=state.session_id,
                 tokens_since=since,
             )
+        # a frame in the tick now running (one interrupt() withdrew: its output will be dropped) leaves
+        # with that tick, and one partly appended with the ticks that append the rest: wait for them
+        while state.channel.state is ChannelState.OPEN and any(p.in_tick or p.started for p in state.channel.inputs):
+            await anyio.sleep(_TICK_POLL)
+        since = state.num_tokens - mark.num_tokens
         if state.channel.inputs or state.channel.unread:
             raise ValueError(
                 f"session {state.session_id} has frames queued or unread: interrupt() or read them before rewind()"
