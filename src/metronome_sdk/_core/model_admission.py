@@ -37,9 +37,10 @@ SETTLED_STEPS = 16  # steps whose median ratio growth waits for: a brief dip adm
 OVERHEAD_WEIGHT = 0.3  # each decision's weight in the overhead's moving average (a p99 of a few dozen frames)
 CORRECTION_MAX = 4.0  # the model's cost is never scaled past this: past it the model is wrong, not noisy
 CORRECTION_RELAX = 0.02  # each decision that meets the target takes this much off the correction (additive)
-# the share of the tick budget the cap leaves free: the budget moves with every refit of the cost (149 to
-# 166 tokens within one 12 s run of 17 sessions on a 2-vCPU EPYC), and sessions admitted to its very edge
-# lose a frame at each dip (a talking session's frame waits a tick, and a real-time client drops it)
+# the share of the tick budget the cap leaves free: the budget moves with every refit of the cost (133 to
+# 147 tokens over one 10 s sweep point of 17 sessions on a 2-vCPU EPYC, docs/benchmarks.md), and sessions
+# admitted to its very edge lose a frame at each dip (a talking session's frame waits a tick, and a
+# real-time client drops it)
 BUDGET_HEADROOM = 0.05
 
 
