@@ -732,7 +732,7 @@ class VoiceAgent:
             return
         try:
             await self.session.rewind(mark)
-        except (RewindUnavailable, ValueError) as exc:  # what was appended stays: the caller's next words follow it
+        except RewindUnavailable as exc:  # what was appended stays: the caller's next words follow it
             self._log.warning("voice.ahead_kept", error=str(exc))
 
     async def _transcript(self, turn: _Turn) -> str:
