@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from metronome_bench.eval.answers import PROMPTS, is_english, is_right
+from metronome_bench.eval.answers import PROMPTS, echoes, is_english, is_right
 from metronome_bench.eval.questions import HELD_OUT, QUESTIONS, Question
 from metronome_sdk.cli import build_parser
 from metronome_sdk.webrtc import DEFAULT_PROMPT
@@ -60,3 +60,34 @@ def test_the_command_parses_its_options() -> None:
     args = build_parser().parse_args(["eval", "answers", "--prompt", "Be brief.", "--prompt", "none", "--json"])
     assert (args.prompt, args.max_tokens, args.json, args.set) == (["Be brief.", "none"], 48, True, "both")
     assert build_parser().parse_args(["eval", "answers", "--set", "held-out"]).set == "held-out"
+    args = build_parser().parse_args(["eval", "answers", "--turns", "6", "--history"])
+    assert (args.turns, args.history) == (6, True)
+    args = build_parser().parse_args(["eval", "answers"])
+    assert (args.turns, args.history) == (1, False)  # each question on its own, each turn taken back
+
+
+def test_an_answer_echoes_when_it_opens_as_an_earlier_one_of_its_call() -> None:
+    earlier = ['The answer to this question is "Blue"', "The capital of France is Paris."]
+    assert echoes('The answer to this question is "London"', earlier)
+    assert echoes("the ANSWER to this, question", earlier)  # words, not case or punctuation
+    assert not echoes("The capital of Italy is Rome.", earlier)  # three words alike is a sentence's frame
+    assert not echoes("The answer to", earlier)  # too short to say
+    assert not echoes('The answer to this question is "Blue"', [])  # a call's first answer echoes nothing
+
+
+@pytest.mark.real_model
+@pytest.mark.timeout(300)
+async def test_a_call_that_takes_each_turn_back_answers_each_question_as_if_alone() -> None:
+    from metronome_bench.eval.answers import ask
+
+    questions = QUESTIONS[:3]
+    [alone] = await ask([DEFAULT_PROMPT], questions, max_tokens=16)
+    [call] = await ask([DEFAULT_PROMPT], questions, max_tokens=16, turns=3)
+    [kept] = await ask([DEFAULT_PROMPT], questions, max_tokens=16, turns=3, history=True)
+
+    def same(x: str, y: str) -> bool:  # a frame carries up to 4 tokens as the tick has room: the cut moves
+        return x.startswith(y) or y.startswith(x)
+
+    assert all(same(c.answer, a.answer) for c, a in zip(call.answers, alone.answers, strict=True))
+    assert same(kept.answers[0].answer, alone.answers[0].answer)  # a call's first question has no history
+    assert not all(same(k.answer, a.answer) for k, a in zip(kept.answers, alone.answers, strict=True))

@@ -88,8 +88,10 @@ def tiny_server(engine: Engine, **config: object) -> WebRTCServer:
     # a tone voice and a tiny engine say nothing of what callers would hear: admission on the
     # voice-to-voice objective has its own tests (test_voice_admission.py)
     config.setdefault("voice_objective", None)
-    # answering ahead widens each session's bound by 7 blocks: the tiny pool (64) would hold one caller
+    # answering ahead, or taking each turn back (history off), widens each session's bound by 7 blocks:
+    # the tiny pool (64) would hold one caller
     config.setdefault("answer_ahead", False)
+    config.setdefault("history", True)
     # the callers speak tones, which are speech to loudness (Silero, the default, hears no voice in them)
     server_config = ServerConfig(**config)  # type: ignore[arg-type]
     return WebRTCServer(engine, server_config, stt=FixedSTT(), tts=ToneTTS(), vad=VoiceActivityDetector)

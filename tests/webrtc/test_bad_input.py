@@ -180,6 +180,12 @@ def test_server_config_checks_its_fields_and_hides_the_token() -> None:
 def test_the_default_agent_answers_ahead_and_its_sessions_can_take_it_back() -> None:
     config = ServerConfig()
     assert config.agent_options()["answer_ahead"] is True and config.rewind_tokens == 96
-    # answering ahead needs the pause's transcript: without hearing ahead the sessions take no marks
-    assert ServerConfig(early_transcribe=False).rewind_tokens == 0
-    assert ServerConfig(answer_ahead=False).rewind_tokens == 0
+    # answering ahead needs the pause's transcript: without hearing ahead, or with neither it nor a turn
+    # to take back (history on), the sessions take no marks
+    assert ServerConfig(early_transcribe=False, history=True).rewind_tokens == 0
+    assert ServerConfig(answer_ahead=False, history=True).rewind_tokens == 0
+    # taking each turn back once answered needs the marks too
+    assert config.agent_options()["history"] is False
+    assert ServerConfig(answer_ahead=False).rewind_tokens == 96
+    with pytest.raises(ValueError, match="history must be True or False"):
+        ServerConfig(history="no")  # type: ignore[arg-type]

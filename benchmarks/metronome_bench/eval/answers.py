@@ -5,6 +5,12 @@ and is in English: SmolLM2-135M answers some prompts in French ("Le Grand Paris,
 de la France."), which a key word alone ("paris") would count as right. English is judged by
 function words: an answer with more French, Spanish or German ones than English ones is not
 English. The model decodes greedily, as the demo does, so a run is repeatable.
+
+A call asks several questions in one session (``turns``): with ``history`` the model sees the
+call's earlier turns, as ``VoiceAgent(history=True)``; without, each turn is taken back once
+answered (``Session.rewind`` to the prompt's mark), as ``VoiceAgent(history=False)``. An answer
+*echoes* when its first ``ECHO_WORDS`` words are those of an earlier answer in its call: the
+model repeating itself instead of reading the new question.
 """
 
 from __future__ import annotations
@@ -19,7 +25,7 @@ from metronome_sdk import Engine, EngineConfig
 
 from .questions import QUESTIONS, Question
 
-__all__ = ["PROMPTS", "Answer", "PromptScore", "ask", "is_english", "is_right"]
+__all__ = ["ECHO_WORDS", "PROMPTS", "Answer", "PromptScore", "ask", "echoes", "is_english", "is_right"]
 
 # the system prompts tried by default: the demo's before and after this evaluation, and others
 PROMPTS: tuple[str | None, ...] = (
@@ -46,6 +52,8 @@ _OTHER = frozenset(
     )
 )
 _WORD = re.compile(r"[a-zà-ÿ']+")
+ECHO_WORDS = 4  # "The answer to this" again, not "The capital of" (France, then Italy)
+REWIND_TOKENS = 96  # a question and its answer, taken back (the demo's AHEAD_TOKENS)
 
 
 def _words(text: str) -> list[str]:
@@ -64,6 +72,12 @@ def _plain(text: str) -> str:
     return " ".join(re.sub(r"[^a-z0-9]+", " ", text.lower()).split())
 
 
+def echoes(answer: str, earlier: Sequence[str]) -> bool:
+    """The answer's first ``ECHO_WORDS`` words are an earlier answer's (a shorter answer never echoes)."""
+    head = _words(answer)[:ECHO_WORDS]
+    return len(head) == ECHO_WORDS and any(_words(e)[:ECHO_WORDS] == head for e in earlier)
+
+
 def is_right(question: Question, answer: str) -> bool:
     """The answer holds a key word (as whole words: "eight", "twenty-four", "co2") and is in English."""
     plain = _plain(answer)
@@ -79,6 +93,7 @@ class Answer:
     tokens: int
     right: bool
     english: bool
+    echo: bool = False  # it repeats an earlier answer of its call
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -88,6 +103,7 @@ class Answer:
             "tokens": self.tokens,
             "right": self.right,
             "english": self.english,
+            "echo": self.echo,
         }
 
 
@@ -110,29 +126,52 @@ class PromptScore:
     def mean_tokens(self) -> float:
         return sum(a.tokens for a in self.answers) / len(self.answers)
 
+    @property
+    def echoed(self) -> float:
+        return sum(a.echo for a in self.answers) / len(self.answers)
+
     def as_dict(self) -> dict[str, object]:
         return {
             "prompt": self.prompt,
             "right": self.right,
             "english": self.english,
             "mean_tokens": self.mean_tokens,
+            "echoed": self.echoed,
             "answers": [a.as_dict() for a in self.answers],
         }
 
 
-async def _answer(engine: Engine, prompt: str | None, q: Question, max_tokens: int) -> Answer:
-    async with engine.session(prompt, decode_tokens=4, timeout=600) as session:
-        await session.append(q.text)
-        parts: list[str] = []
-        produced = 0
-        while produced < max_tokens:
-            out = await session.step()
-            produced += max(1, len(out.tokens))
-            parts.append(out.text)
-            if out.stop:
-                break
-    text = " ".join("".join(parts).split())
-    return Answer(prompt, q.text, text, produced, is_right(q, text), is_english(text))
+async def _call(
+    engine: Engine,
+    prompt: str | None,
+    questions: Sequence[Question],
+    max_tokens: int,
+    history: bool,
+    on_answer: Callable[[], None] | None,
+) -> list[Answer]:
+    """One session asked ``questions`` in turn; without ``history`` each turn is taken back once answered."""
+    answers: list[Answer] = []
+    rewind = 0 if history else REWIND_TOKENS
+    async with engine.session(prompt, decode_tokens=4, timeout=600, rewind_tokens=rewind) as session:
+        mark = None if history else await session.mark()
+        for q in questions:
+            await session.append(q.text)
+            parts: list[str] = []
+            produced = 0
+            while produced < max_tokens:
+                out = await session.step()
+                produced += max(1, len(out.tokens))
+                parts.append(out.text)
+                if out.stop:
+                    break
+            if mark is not None:
+                await session.rewind(mark)
+            text = " ".join("".join(parts).split())
+            echo = echoes(text, [a.answer for a in answers])
+            answers.append(Answer(prompt, q.text, text, produced, is_right(q, text), is_english(text), echo))
+            if on_answer is not None:
+                on_answer()
+    return answers
 
 
 async def ask(
@@ -142,27 +181,29 @@ async def ask(
     max_tokens: int = 48,
     config: EngineConfig | None = None,
     at_once: int = 4,
+    turns: int = 1,
+    history: bool = False,
     on_answer: Callable[[], None] | None = None,
 ) -> list[PromptScore]:
-    """Ask every question under every system prompt (``at_once`` sessions at a time), as the demo would."""
-    if max_tokens < 1 or at_once < 1:
-        raise ValueError(f"max_tokens and at_once must be >= 1, got {max_tokens} and {at_once}")
+    """Ask every question under every system prompt (``at_once`` calls at a time), as the demo would:
+    ``turns`` questions a call, in order, with or without the call's ``history`` in view."""
+    if max_tokens < 1 or at_once < 1 or turns < 1:
+        raise ValueError(f"max_tokens, at_once and turns must be >= 1, got {max_tokens}, {at_once} and {turns}")
+    calls = [list(questions[i : i + turns]) for i in range(0, len(questions), turns)]
     scores = []
     limit = anyio.Semaphore(at_once)
     async with Engine(config or EngineConfig(kv="window", window=256, sinks=4)) as engine:
         for prompt in prompts:
-            answers: list[Answer | None] = [None] * len(questions)
+            answered: list[list[Answer]] = [[] for _ in calls]
 
             async def one(
-                i: int, q: Question, prompt: str | None = prompt, answers: list[Answer | None] = answers
+                i: int, call: list[Question], prompt: str | None = prompt, answered: list[list[Answer]] = answered
             ) -> None:
                 async with limit:
-                    answers[i] = await _answer(engine, prompt, q, max_tokens)
-                if on_answer is not None:
-                    on_answer()
+                    answered[i] = await _call(engine, prompt, call, max_tokens, history, on_answer)
 
             async with anyio.create_task_group() as tg:
-                for i, q in enumerate(questions):
-                    tg.start_soon(one, i, q)
-            scores.append(PromptScore(prompt, tuple(a for a in answers if a is not None)))
+                for i, call in enumerate(calls):
+                    tg.start_soon(one, i, call)
+            scores.append(PromptScore(prompt, tuple(a for answers in answered for a in answers)))
     return scores

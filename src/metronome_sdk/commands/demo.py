@@ -42,6 +42,13 @@ def _add(p: argparse.ArgumentParser) -> None:
         "(default on; needs --early-transcribe)",
     )
     p.add_argument(
+        "--history",
+        action=argparse.BooleanOptionalAction,
+        default=False,
+        help="let the model see the call's earlier turns (default off: each question is answered as the call's "
+        "first; the bundled model repeats earlier answers when it sees them)",
+    )
+    p.add_argument(
         "--smart-turn",
         action=argparse.BooleanOptionalAction,
         default=False,
@@ -229,6 +236,7 @@ async def _serve(args: argparse.Namespace) -> int:
         answer_ahead=args.answer_ahead,
         smart_turn=args.smart_turn,
         text_turn=args.text_turn,
+        history=args.history,
         **given,
     )
     if not _loopback(args.host) and token is None:

@@ -37,6 +37,7 @@ from .._log import get_logger
 from .._session import Interrupted, Session
 from ..transports._base import Event, Transport
 from ._ahead import MARGIN, Ahead
+from ._history import PromptMark
 from ._protocols import Playback, SharedVoice, SpeechToText, TextToSpeech
 from ._text_turn import TextTurnModel
 from ._turn import TurnModel
@@ -253,7 +254,12 @@ class VoiceAgent:
     turn then ends with nothing said since, what was held goes out at once; when the caller
     goes on, the answer is withdrawn (``Session.rewind``: the context is as if it had never
     been) and nothing of it reached the caller. ``answered_ahead`` and ``withdrawn_ahead``
-    count them. Each answered turn's
+    count them.
+
+    History: with ``history`` (the default) the model sees the call's earlier turns, as far as
+    the session's window reaches. ``history=False`` (a session opened with ``rewind_tokens``)
+    takes each turn back once it is answered, so every question is heard as the call's first
+    (a small model answers better so; ``PromptMark``). Each answered turn's
     ``TurnLatency`` goes to the peer as a ``latency`` event, into ``stats`` events as
     ``voice_to_voice``, and to ``on_latency`` (a server's voice admission reads it there).
 
@@ -294,6 +300,7 @@ class VoiceAgent:
         transcribe_pause: float | None = TRANSCRIBE_PAUSE,
         on_latency: Callable[[TurnLatency], None] | None = None,
         answer_ahead: bool = False,
+        history: bool = True,
     ) -> None:
         if not isinstance(stt, SpeechToText):
             raise ValueError(f"stt must have transcribe(samples, sample_rate), got {stt!r}")
@@ -330,6 +337,8 @@ class VoiceAgent:
             )
         self.early_transcribe = early_transcribe
         self.answer_ahead = answer_ahead
+        self.history = history
+        self._prompt = None if history else PromptMark(session)  # each turn goes back to the system prompt
         self.turn_model = turn_model
         self.text_turn = text_turn
         self.pause = pause
@@ -633,6 +642,11 @@ class VoiceAgent:
         return self._end_turn(utterance, time.monotonic())
 
     @property
+    def kept_turns(self) -> int:
+        """With ``history=False``: turns too long to take back (past ``rewind_tokens``), left in the context."""
+        return 0 if self._prompt is None else self._prompt.kept
+
+    @property
     def unspoken(self) -> int:
         """Clauses of replies sent to the voice and not yet handed to the transport as speech."""
         return self._unspoken
@@ -699,10 +713,14 @@ class VoiceAgent:
         """
         if ahead.withdrawn:
             return False
-        try:
-            ahead.mark = await self.session.mark()
-        except ValueError as exc:
-            self._log.info("voice.ahead_unmarked", error=str(exc))
+        if self._prompt is not None:  # the context before the turn is the prompt's: its mark serves
+            ahead.mark = await self._prompt.before()
+        else:
+            try:
+                ahead.mark = await self.session.mark()
+            except ValueError as exc:
+                self._log.info("voice.ahead_unmarked", error=str(exc))
+        if ahead.mark is None:
             await ahead.settled.wait()
             if ahead.withdrawn:
                 return False
@@ -728,7 +746,8 @@ class VoiceAgent:
         if self.session.closed:
             return
         if ahead.confirmed:
-            await self.session.keep(mark)
+            if self._prompt is None:  # else the mark stays: the turn goes back to it once answered
+                await self.session.keep(mark)
             return
         try:
             await self.session.rewind(mark)
@@ -751,6 +770,8 @@ class VoiceAgent:
     async def _answer(self, turn: _Turn, text: str) -> None:
         # the turn goes in ahead of the frame that answers it (Session.append): the frame then
         # carries one token, and its step is a reply frame's, not one as long as the turn
+        if self._prompt is not None:
+            await self._prompt.before()
         await self.session.append(text)
         self._decoding = turn
         try:
@@ -758,6 +779,8 @@ class VoiceAgent:
         finally:
             self._decoding = None
             await self._settle(turn)
+            if self._prompt is not None:
+                await self._prompt.after()
 
     async def _answer_frames(self, turn: _Turn) -> None:
         engine = self.session.engine

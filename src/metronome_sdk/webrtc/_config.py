@@ -71,6 +71,10 @@ class ServerConfig:
     caller is always served; ``None`` admits on the engine's admission alone.
     ``reply_lead``: each caller's reply audio starts that many seconds ahead of the wall clock
     (``ReplyAudioTrack(lead=...)``: 0.08, what aiortc's receiver holds back; 0: paced from its first frame).
+    ``history`` (off): whether the model sees the call's earlier turns (``VoiceAgent(history=...)``);
+    off, each turn is taken back once answered and every question is heard as the call's first
+    (the session is opened with ``rewind_tokens=AHEAD_TOKENS``): with the bundled SmolLM2-135M a
+    call's later answers repeat its earlier ones when it sees them (docs/voice-agent.md, "Answers").
     """
 
     host: str = "127.0.0.1"
@@ -100,11 +104,13 @@ class ServerConfig:
     demo_page: bool = True
     reply_lead: float = REPLY_LEAD
     voice_objective: float | None = DEFAULT_OBJECTIVE
+    history: bool = False
 
     @property
     def rewind_tokens(self) -> int:
-        """What each caller's session may take back (``Session(rewind_tokens=...)``): 0 unless answering ahead."""
-        return AHEAD_TOKENS if self.early_transcribe and self.answer_ahead else 0
+        """What each caller's session may take back (``Session(rewind_tokens=...)``): 0 unless answering
+        ahead or taking each turn back (``history`` off)."""
+        return AHEAD_TOKENS if (self.early_transcribe and self.answer_ahead) or not self.history else 0
 
     @property
     def reads_words(self) -> bool:
@@ -122,6 +128,7 @@ class ServerConfig:
             "answer_ahead": self.answer_ahead,
             "pause": self.pause,
             "transcribe_pause": self.transcribe_pause,
+            "history": self.history,
         }
 
     def __post_init__(self) -> None:
@@ -137,7 +144,7 @@ class ServerConfig:
             raise ValueError(f"pause must be in (0, 2] seconds, got {self.pause!r}; try 0.2")
         check_lead(self.reply_lead, "reply_lead")
         check_transcribe_pause(self.transcribe_pause)
-        for name in ("early_transcribe", "answer_ahead", "smart_turn", "text_turn"):
+        for name in ("early_transcribe", "answer_ahead", "smart_turn", "text_turn", "history"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} must be True or False, got {getattr(self, name)!r}")
         if self.end_silence is not None and (
