@@ -96,7 +96,7 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
         "75 s": (1, "bench admit's run length, AdmitConfig.run_seconds = 75.0"),
         "0.75 x": (1, "the step's share of the deadline, TimingConfig.step_share = 0.75"),
         "0.8 x": (1, "the SDK's admission target, AdmissionConfig.target = 0.8"),
-        "10 %": (43, "issue 33's threshold for N* and the peak against n_sched"),
+        "10 %": (44, "issue 33's threshold for N* and the peak against n_sched"),
         "15 %": (2, "issue 25's threshold for the gauge's error, and issue 4's for N*"),
         "25 s": (4, "the run's horizon, 105 s, less the hog's end at 80 s: the run's own timeline"),
     },
