@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import anyio
 
 from metronome_sdk import Engine, EngineConfig
+from metronome_sdk.webrtc import ServerConfig
 
 from .questions import QUESTIONS, Question
 
@@ -53,7 +54,6 @@ _OTHER = frozenset(
 )
 _WORD = re.compile(r"[a-zà-ÿ']+")
 ECHO_WORDS = 4  # "The answer to this" again, not "The capital of" (France, then Italy)
-REWIND_TOKENS = 96  # a question and its answer, taken back (the demo's AHEAD_TOKENS)
 
 
 def _words(text: str) -> list[str]:
@@ -151,7 +151,7 @@ async def _call(
 ) -> list[Answer]:
     """One session asked ``questions`` in turn; without ``history`` each turn is taken back once answered."""
     answers: list[Answer] = []
-    rewind = 0 if history else REWIND_TOKENS
+    rewind = 0 if history else ServerConfig().rewind_tokens  # what the demo's sessions may take back
     async with engine.session(prompt, decode_tokens=4, timeout=600, rewind_tokens=rewind) as session:
         mark = None if history else await session.mark()
         for q in questions:
