@@ -6,7 +6,10 @@ of a CPU-bound process (``hog_procs`` of them, each a busy loop) start ``hog_sta
 into each run: the machine slows mid-run, and the JSON shows the cap, the sessions shed with
 ``LoadShed`` (their ``retry_after``) and the recovery.
 
-With ``kv=window`` the cap should settle at the schedulable N the sweep finds. With
+With ``kv=window`` the cap should settle at the schedulable N the sweep finds. The machine's
+speed drifts over the quarter hour a full run takes, so with ``knee`` (a sweep's config) the
+knee is read again beside each run, between the first policy's run and the second's, and each
+run is judged against it as well as against the search's ``n_sched``. With
 ``kv=full`` the same controller sees latency that looks fine while the pool fills (the memory
 guard can only check that a block is free now), so it admits more sessions than the pool
 can carry to the end of their conversations, and the run stalls.
@@ -34,6 +37,7 @@ from metronome_engine.model import LlamaModel
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
 
 from .admit_trace import frames_after, hog_report, hogging, silent_frames
+from .sweep import SweepConfig, SweepPoint, knee_near
 from .workload import (
     Policy,
     StreamExperiment,
@@ -44,7 +48,7 @@ from .workload import (
     run_workload,
 )
 
-__all__ = ["AdmitConfig", "AdmitRun", "Controller", "converged_cap", "run_admit", "summarize"]
+__all__ = ["AdmitConfig", "AdmitRun", "Controller", "KneeBeside", "converged_cap", "run_admit", "summarize"]
 
 Controller = Literal["model", "aimd"]
 SETTLE_SECONDS = 10.0  # frame p99 is judged after the first 10 s of a run (issue 33), before time_scale
@@ -137,6 +141,18 @@ class AdmitConfig(StreamExperiment):
         return self.pool_blocks / (tokens / self.block_size)
 
 
+@dataclass(frozen=True, slots=True)
+class KneeBeside:
+    """The knee read beside run ``run`` (``sweep.knee_near``): the reference that run's machine met."""
+
+    run: int
+    knee: int
+    points: list[SweepPoint]
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"run": self.run, "knee": self.knee, "points": [p.as_dict() for p in self.points]}
+
+
 @dataclass(slots=True)
 class AdmitRun:
     policy: Policy
@@ -158,6 +174,7 @@ class AdmitRun:
     lost_sessions: int = 0  # sessions with such frames: lost without a typed error
     hog: tuple[float, float] | None = None  # (start, end) seconds of the CPU hog
     load_avg: tuple[float, float] | None = None  # 1-minute load average at the run's start and end
+    knee: KneeBeside | None = None  # the knee read beside this run (kv=window, when asked)
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -177,6 +194,7 @@ class AdmitRun:
             "silent_frames": self.silent_frames,
             "lost_sessions": self.lost_sessions,
             "load_avg_1m": None if self.load_avg is None else list(self.load_avg),
+            "knee_beside": None if self.knee is None else self.knee.knee,
         }
         if self.hog is not None:
             out["hog"] = hog_report(self.cap, self.shed, self.hog)
@@ -305,15 +323,36 @@ def run_admit(
     policies: tuple[Policy, ...] | None = None,
     on_round: Callable[[float], None] | None = None,
     on_run: Callable[[AdmitRun], None] | None = None,
+    knee: SweepConfig | None = None,
+    n_sched: int | None = None,
+    on_knee: Callable[[KneeBeside], None] | None = None,
 ) -> list[AdmitRun]:
+    """Each run of each policy; with ``knee`` and ``n_sched``, the window runs' knee read beside them."""
+    if (knee is None) != (n_sched is None):
+        raise ValueError("knee and n_sched go together: the knee beside a run is searched for from n_sched")
+    if n_sched is not None and n_sched < 1:
+        raise ValueError(f"n_sched must be >= 1 to read the knee beside a run, got {n_sched}")
     net = model if model is not None else bench_model(config.model)
     runs: list[AdmitRun] = []
 
     async def main() -> None:
+        near = n_sched
         for kind in policies if policies is not None else config.kvs:
             for i in range(config.runs):
-                for controller in config.controllers:  # interleaved: each run's arrivals, both policies
+                mine: list[AdmitRun] = []
+                beside: KneeBeside | None = None
+                for j, controller in enumerate(config.controllers):  # interleaved: each run's arrivals, both policies
                     result = await _one(config, net, kind, i, on_round or (lambda _: None), controller)
+                    mine.append(result)
+                    if j == 0 and kind == "window" and knee is not None and near is not None:
+                        # between the two policies' runs: one reading stands beside both
+                        found, points = await knee_near(knee, net, start=near)
+                        beside = KneeBeside(i, found, points)
+                        near = max(1, found)  # the next run's search starts where this one ended
+                        if on_knee is not None:
+                            on_knee(beside)
+                for result in mine:
+                    result.knee = beside
                     runs.append(result)
                     if on_run is not None:
                         on_run(result)
@@ -335,6 +374,9 @@ def summarize(config: AdmitConfig, runs: list[AdmitRun], n_sched: int, sweep: di
             out[kind] = by_controller
     if sweep is not None:
         out["sweep"] = sweep
+    knees = {r.knee.run: r.knee for r in runs if r.knee is not None}
+    if knees:
+        out["knee_beside"] = [knees[i].as_dict() for i in sorted(knees)]
     out["config"] = {
         "period_s": config.period,
         "tokens_per_tick": config.spec.tokens_per_tick,
@@ -363,6 +405,9 @@ def summarize(config: AdmitConfig, runs: list[AdmitRun], n_sched: int, sweep: di
         else None,
         "horizon_s": config.horizon,
         "n_star": "median admission cap over the second half of the run (before the first stall)",
+        "knee_beside": "the knee read again between each run's first and second policy, stepping one count at a "
+        "time from the last knee with the search's criterion (a count holds when one of two 10 s readings meets "
+        "the deadline)",
         "p99_after_10s_ms": "p99 of the frames sent after the first 10 s (x time_scale), shed sessions' left out; a "
         "frame never answered counts with the time it had waited",
     }
@@ -389,6 +434,16 @@ def _entry(config: AdmitConfig, kind: Policy, mine: list[AdmitRun], n_sched: int
         p99s = [r.p99_after_ms for r in mine if r.p99_after_ms is not None]
         entry["p99_after_10s_ms_max"] = max(p99s) if p99s else None
         entry["runs_p99_after_10s_under_deadline"] = sum(1 for p in p99s if p <= config.period * 1e3)
+        if all(r.knee is not None for r in mine):
+            # the same checks against the knee read beside each run (the machine it met)
+            knees = [r.knee.knee for r in mine if r.knee is not None]
+            entry["knee_beside"] = knees
+            entry["runs_n_star_within_10pct_of_knee_beside"] = sum(
+                1 for r, k in zip(mine, knees, strict=True) if k and abs(r.n_star - k) <= 0.10 * k
+            )
+            entry["runs_peak_within_10pct_of_knee_beside"] = sum(
+                1 for r, k in zip(mine, knees, strict=True) if k and r.peak_sessions <= 1.10 * k
+            )
     else:
         entry["pool_carries_sessions"] = round(config.pool_carries, 2)
     return entry

@@ -37,7 +37,16 @@ from .workload import (
     run_workload,
 )
 
-__all__ = ["SweepConfig", "SweepPoint", "find_knee", "n_sched", "run_sweep", "search_n_sched", "sweep_point_from_trace"]
+__all__ = [
+    "SweepConfig",
+    "SweepPoint",
+    "find_knee",
+    "knee_near",
+    "n_sched",
+    "run_sweep",
+    "search_n_sched",
+    "sweep_point_from_trace",
+]
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -221,15 +230,7 @@ async def find_knee(meets: Callable[[int], Awaitable[bool]], *, limit: int, read
     one stalled reading (a 7.5 s p99 at 16 sessions between 15 and 17 that met it) would
     otherwise end the search below the knee, while a count past the knee misses every time.
     """
-    if readings < 1:
-        raise ValueError(f"readings must be >= 1, got {readings}")
-
-    async def holds(n: int) -> bool:
-        for _ in range(readings):
-            if await meets(n):
-                return True
-        return False
-
+    holds = _holds(meets, readings)
     good, bad = 0, None
     n = 1
     while n <= limit:
@@ -246,6 +247,68 @@ async def find_knee(meets: Callable[[int], Awaitable[bool]], *, limit: int, read
         else:
             bad = mid
     return good
+
+
+def _holds(meets: Callable[[int], Awaitable[bool]], readings: int) -> Callable[[int], Awaitable[bool]]:
+    """A count holds when one of ``readings`` readings meets the deadline: one stalled reading is not the knee."""
+    if readings < 1:
+        raise ValueError(f"readings must be >= 1, got {readings}")
+
+    async def holds(n: int) -> bool:
+        for _ in range(readings):
+            if await meets(n):
+                return True
+        return False
+
+    return holds
+
+
+async def walk_knee(meets: Callable[[int], Awaitable[bool]], *, start: int, reach: int, readings: int = 2) -> int:
+    """The knee found by stepping one count at a time from ``start``: up while a count holds, down while it misses.
+
+    The same criterion as ``find_knee`` (a count holds when one of ``readings`` readings meets it),
+    for a knee known to be near ``start``: a count or two of readings instead of a whole search.
+    Goes up at most ``reach`` counts (``start + reach`` is then a floor); down as far as it must,
+    0 when 1 misses.
+    """
+    if start < 1 or reach < 1:
+        raise ValueError(f"start and reach must be >= 1, got {start} and {reach}")
+    holds = _holds(meets, readings)
+    if await holds(start):
+        n = start
+        while n < start + reach and await holds(n + 1):
+            n += 1
+        return n
+    n = start - 1
+    while n >= 1 and not await holds(n):
+        n -= 1
+    return n
+
+
+async def knee_near(
+    config: SweepConfig,
+    model: LlamaModel,
+    *,
+    start: int,
+    reach: int = 4,
+    on_round: Callable[[], None] | None = None,
+) -> tuple[int, list[SweepPoint]]:
+    """The knee under ``kv=window`` measured now, near ``start``, and the readings that found it.
+
+    The machine's speed drifts over the minutes a benchmark runs (a shared host's neighbours);
+    a knee read beside a run is the reference that run met, where the search's is one from
+    minutes before. Each reading is a sweep point, judged as ``search_n_sched`` judges one.
+    """
+    deadline_ms = config.frame_deadline * 1e3
+    points: list[SweepPoint] = []
+
+    async def measure(n: int) -> bool:
+        point = await _point(replace(config, ns=(n,)), model, "window", n, on_round or (lambda: None))
+        points.append(point)
+        return point.p99_ms <= deadline_ms
+
+    knee = await walk_knee(measure, start=start, reach=reach)
+    return knee, points
 
 
 def search_n_sched(

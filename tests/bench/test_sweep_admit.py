@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import anyio
 import pytest
 
 from metronome_bench.admit import AdmitConfig, converged_cap, run_admit
 from metronome_bench.admit import summarize as summarize_admit
-from metronome_bench.sweep import SweepConfig, find_knee, n_sched, run_sweep, search_n_sched
+from metronome_bench.sweep import SweepConfig, find_knee, n_sched, run_sweep, search_n_sched, walk_knee
 from metronome_bench.sweep import summarize as summarize_sweep
 from metronome_sdk import AdmissionConfig
 
@@ -60,6 +62,34 @@ def test_one_stalled_reading_does_not_end_the_knee_search_below_the_knee() -> No
         anyio.run(lambda: find_knee(meets, limit=64, readings=0))
 
 
+def test_the_knee_beside_a_run_steps_from_the_last_knee_with_the_search_criterion() -> None:
+    for start, knee in ((17, 17), (17, 19), (17, 14), (3, 0), (5, 30), (5, 1)):
+        asked: list[int] = []
+
+        async def meets(n: int, knee: int = knee, asked: list[int] = asked) -> bool:
+            asked.append(n)
+            return n <= knee
+
+        found = anyio.run(lambda start=start, meets=meets: walk_knee(meets, start=start, reach=4))
+        assert found == min(knee, start + 4)  # up to reach counts above the start; down as far as it must
+        if knee < start + 4:
+            assert asked.count(knee + 1) == 2  # the count past the knee missed twice, as in the search
+            assert knee == 0 or asked.count(knee) == 1  # and the knee itself met at its first reading
+        assert len(asked) <= 2 * abs(start - knee) + 3 and len(asked) <= 2 * start + 5  # readings near the knee
+    # one stalled reading of the start does not move the knee down: the count is read again
+    stalled = {17}
+
+    async def once_stalled(n: int) -> bool:
+        if n in stalled:
+            stalled.discard(n)
+            return False
+        return n <= 17
+
+    assert anyio.run(lambda: walk_knee(once_stalled, start=17, reach=4)) == 17
+    with pytest.raises(ValueError, match="start and reach"):
+        anyio.run(lambda: walk_knee(once_stalled, start=0, reach=4))
+
+
 def test_admit_demand_and_pool_sit_above_the_knee() -> None:
     config = AdmitConfig(pool_sessions=8, time_scale=0.3).sized_for(12)
     assert config.pool_for("window") == 24 * config.session_bound  # the memory guard's limit is twice the knee
@@ -104,17 +134,22 @@ def test_small_sweep_reports_the_issue_shape() -> None:
     assert all(p["stalled"] == 0 for p in report["window"])
 
 
+def _small_admit(**kwargs: Any) -> AdmitConfig:
+    """Sessions of half a second to a second on the small model, a 50 ms tick, a 4-session pool."""
+    base: dict[str, Any] = {
+        "period": 0.05,
+        "run_seconds": 1.0,
+        "duration": (0.5, 1.0),
+        "arrival_rate": 4.0,
+        "pool_sessions": 4,
+        "model": "small",
+        "admission": AdmissionConfig(initial_limit=2, percentile=0.99, target=1.0, min_samples=8, queue_timeout=0.0),
+    }
+    return AdmitConfig(**{**base, **kwargs})
+
+
 def test_small_admit_reports_the_issue_shape() -> None:
-    config = AdmitConfig(
-        period=0.05,
-        run_seconds=1.5,
-        duration=(0.5, 1.0),
-        arrival_rate=4.0,
-        pool_sessions=4,
-        model="small",
-        admission=AdmissionConfig(initial_limit=2, percentile=0.99, target=1.0, min_samples=8, queue_timeout=0.0),
-        controllers=("model", "aimd"),
-    )
+    config = _small_admit(run_seconds=1.5, controllers=("model", "aimd"))
     runs = run_admit(config)
     assert [(r.policy, r.controller) for r in runs] == [
         ("window", "model"),
@@ -135,14 +170,7 @@ def test_small_admit_reports_the_issue_shape() -> None:
 
 
 def test_a_hog_mid_run_is_reported_with_the_cap_around_it() -> None:
-    config = AdmitConfig(
-        period=0.05,
-        run_seconds=1.0,
-        duration=(0.5, 1.0),
-        arrival_rate=4.0,
-        pool_sessions=4,
-        model="small",
-        admission=AdmissionConfig(initial_limit=2, percentile=0.99, target=1.0, min_samples=8, queue_timeout=0.0),
+    config = _small_admit(
         controllers=("model",),
         kvs=("window",),
         hog=0.3,
@@ -156,6 +184,40 @@ def test_a_hog_mid_run_is_reported_with_the_cap_around_it() -> None:
     assert hog["start_s"] == pytest.approx(0.2, abs=0.2)
     assert hog["cap_series"] and all(len(row) == 3 for row in hog["cap_series"])
     assert isinstance(hog["shed_during"], int)
+
+
+def test_the_knee_is_read_beside_each_window_run_between_the_policies() -> None:
+    config = _small_admit(
+        controllers=("model", "aimd"),
+        kvs=("window",),
+        runs=2,
+    )
+    sweep = SweepConfig(period=0.05, ticks=3, warmup_ticks=1, model="small", policies=("window",))
+    order: list[str] = []
+    runs = run_admit(
+        config,
+        knee=sweep,
+        n_sched=2,
+        on_knee=lambda k: order.append(f"knee {k.run}"),
+        on_run=lambda r: order.append(f"{r.controller} {r.run}"),
+    )
+    assert [(r.controller, r.run) for r in runs] == [("model", 0), ("aimd", 0), ("model", 1), ("aimd", 1)]
+    # each run index's knee is read once, after its first policy's run, and stands beside both
+    assert order[0] == "knee 0" and order.count("knee 0") == 1 and order.count("knee 1") == 1
+    assert runs[0].knee is runs[1].knee and runs[2].knee is runs[3].knee and runs[0].knee is not runs[2].knee
+    for r in runs:
+        assert r.knee is not None and r.knee.points and all(p.policy == "window" for p in r.knee.points)
+        assert r.as_dict()["knee_beside"] == r.knee.knee
+    report = summarize_admit(config, runs, n_sched=2, sweep=None)
+    assert [k["run"] for k in report["knee_beside"]] == [0, 1]
+    assert all(k["points"] and isinstance(k["knee"], int) for k in report["knee_beside"])
+    for controller in ("model", "aimd"):
+        entry = report["window"][controller]
+        assert entry["knee_beside"] == [r.knee.knee for r in runs if r.controller == controller and r.knee]
+        assert 0 <= entry["runs_n_star_within_10pct_of_knee_beside"] <= 2
+        assert 0 <= entry["runs_peak_within_10pct_of_knee_beside"] <= 2
+    with pytest.raises(ValueError, match="go together"):
+        run_admit(config, knee=sweep)
 
 
 def test_admit_config_checks_its_policies() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -52,6 +53,13 @@ def _add(p: argparse.ArgumentParser) -> None:
         help="start a CPU-bound process 20 s into each run (x --time-scale) for SECONDS: the machine slows mid-run",
     )
     p.add_argument("--hog-procs", type=int, default=1, help="busy processes the hog starts, one core each (default 1)")
+    p.add_argument(
+        "--knee-beside",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="read the knee again beside each window run, from n_sched one count at a time (default on; about "
+        "40 s a run): the machine's speed drifts over a full run",
+    )
     add_isa(p)
     add_sweep_arguments(p)
     add_common(p)
@@ -68,7 +76,7 @@ def _names(flag: str, allowed: tuple[str, ...]) -> Callable[[str], tuple[str, ..
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..admit import AdmitConfig, run_admit, summarize
+    from ..admit import AdmitConfig, KneeBeside, run_admit, summarize
     from ..plots import plot_admit
     from ..sweep import SweepConfig, run_sweep
     from ..sweep import summarize as summarize_sweep
@@ -81,6 +89,8 @@ def _run(args: argparse.Namespace) -> int:
     sweep: dict[str, Any] | None = None
     if args.n_sched is not None and args.sweep is not None:
         raise ValueError("give --n-sched or --sweep, not both")
+    sc = sweep_config(args, policies=("window",))  # the search's readings, and the knee's beside each run
+    assert isinstance(sc, SweepConfig)
     if args.sweep is not None:
         try:
             sweep = json.loads(args.sweep.read_text(encoding="utf-8"))
@@ -90,8 +100,6 @@ def _run(args: argparse.Namespace) -> int:
     elif args.n_sched is None:
         from ..sweep import search_n_sched
 
-        sc = sweep_config(args, policies=("window",))
-        assert isinstance(sc, SweepConfig)
         with progress_bar(len(sc.ns) * (sc.warmup_ticks + sc.measured_ticks + 1), "bench admit: sweep") as bar:
             bar.unit = "tick"
             if args.ns is None:  # search for the knee: a fixed list says nothing past its largest N
@@ -123,6 +131,7 @@ def _run(args: argparse.Namespace) -> int:
         config = replace(config, pool_sessions=8, admission=replace(config.admission, min_samples=16))
     config = config.sized_for(n_sched)
     total = len(config.kvs) * len(config.controllers) * args.runs * config.horizon
+    knee = sc if args.knee_beside and "window" in config.kvs and n_sched >= 1 else None
     with progress_bar(round(total), "bench admit") as bar:
         bar.unit = "s"
         last = [0.0]
@@ -135,7 +144,18 @@ def _run(args: argparse.Namespace) -> int:
         def new_run(_: object) -> None:
             last[0] = 0.0
 
-        runs = run_admit(config, model=model, on_round=tick, on_run=new_run)
+        def knee_read(k: KneeBeside) -> None:
+            bar.write(f"knee beside run {k.run}: {k.knee} ({len(k.points)} readings)", file=sys.stderr)
+
+        runs = run_admit(
+            config,
+            model=model,
+            on_round=tick,
+            on_run=new_run,
+            knee=knee,
+            n_sched=n_sched if knee is not None else None,
+            on_knee=knee_read,
+        )
     report = summarize(config, runs, n_sched, sweep)
     report["plots"] = [str(plot_admit(runs, n_sched, args.out))]
     report["machine"] = {**machine(), "torch_cpu_capability": capability}
@@ -154,6 +174,7 @@ def _run(args: argparse.Namespace) -> int:
                     e["n_star"],
                     n_sched,
                     " ".join(str(r["n_star"]) for r in e["per_run"]),
+                    " ".join(str(k) for k in e.get("knee_beside", [])) or "-",
                     e["peak_sessions"],
                     e.get("p99_after_10s_ms_max", "-"),
                     e["collapsed"],
@@ -162,7 +183,19 @@ def _run(args: argparse.Namespace) -> int:
                 ]
             )
     print_table(
-        ["policy", "kv", "N*", "n_sched", "N* per run", "peak open", "p99 >10 s ms (max)", "collapsed", "shed", "lost"],
+        [
+            "policy",
+            "kv",
+            "N*",
+            "n_sched",
+            "N* per run",
+            "knee beside",
+            "peak open",
+            "p99 >10 s ms (max)",
+            "collapsed",
+            "shed",
+            "lost",
+        ],
         rows,
     )
     if sweep is not None:
