@@ -277,6 +277,7 @@ class Engine(SessionHost, embedded=True):
             input_refused=lambda: counters.fault(Fault.INPUT_REFUSED),
             release=self._release,
             on_core=self._on_core,
+            tick_finished=self._tick_finished,
         )
         self._shared = shared
         self._counters.limit(admitter.limit)
@@ -509,6 +510,12 @@ class Engine(SessionHost, embedded=True):
         assert self._door is not None
         self._door.room()
         return True
+
+    async def _tick_finished(self) -> None:
+        """Return when the tick in flight (or the next one) has been delivered or abandoned."""
+        loop = self._loop
+        assert loop is not None
+        await loop.tick_finished.wait()
 
     async def _out_of_tick(self, slot: SessionState) -> None:
         """Return once no tick in flight holds the session (it finished, or was abandoned)."""

@@ -416,7 +416,7 @@ class Session:
         than ``rewind_tokens`` were appended since the mark or ``mark`` is not the current
         one. The mark still holds after it, so the session can try again from there.
         """
-        await self._check_open().rewind(mark)
+        await self._check_open().rewind(mark, still_open=self._check_open)
 
     async def keep(self, mark: ContextMark) -> None:
         """The tokens since ``mark`` stay: the mark ends, and the window moves on from the next step."""

@@ -6,7 +6,16 @@ import anyio
 import pytest
 
 from metronome_engine import KVPolicy
-from metronome_sdk import Engine, InputFrame, RewindUnavailable, TimingConfig, TurnInterrupted
+from metronome_sdk import (
+    ContextMark,
+    Engine,
+    EngineClosed,
+    InputFrame,
+    RewindUnavailable,
+    Session,
+    TimingConfig,
+    TurnInterrupted,
+)
 from tests.sdk.conftest import CharTokenizer, make_engine
 from tests.sdk.slowed import SlowedBackend
 
@@ -146,3 +155,57 @@ async def test_a_rewind_waits_for_the_interrupted_frame_in_the_tick_now_running(
         assert (back.num_tokens, back.turns) == (before.num_tokens, before.turns)
         assert s.receive_nowait() is None  # its output was dropped, never delivered
         await s.step(InputFrame.from_tokens([7]))  # and the session goes on
+
+
+async def _close_while_rewinding(engine: Engine, s: Session, mark: ContextMark, *, within: float) -> None:
+    """Close ``engine`` while ``s`` rewinds to ``mark``: the rewind ends with EngineClosed within ``within`` s."""
+    ended: list[EngineClosed] = []
+
+    async def rewind() -> None:
+        with pytest.raises(EngineClosed) as caught:
+            await s.rewind(mark)
+        ended.append(caught.value)
+
+    with anyio.fail_after(within):
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(rewind)
+            await anyio.wait_all_tasks_blocked()
+            await engine.aclose()
+    assert len(ended) == 1 and ended[0].session_id == s.id
+
+
+async def test_a_rewind_waiting_on_a_tick_ends_when_the_engine_closes() -> None:
+    # the engine is closed while the frame's step runs: the waiting rewind ends with the session
+    # (EngineClosed), and neither waits for ticks that will never come nor reports a rewind it did not do
+    core = SlowedBackend(KVPolicy.windowed(12, sinks=4), fixed=0.5, per_token=0.0)
+    engine = Engine(core=core, timing=TimingConfig(period=0.01, deadline=60.0), tokenizer=CharTokenizer())
+    async with engine:
+        s = engine.try_session(PROMPT, rewind_tokens=64)
+        await s.step(InputFrame.from_tokens([5, 6]))
+        mark = await s.mark()
+        served = len(core.steps)
+        s.send_nowait(InputFrame.from_tokens([7, 8, 9]))
+        with anyio.fail_after(10):
+            while len(core.steps) == served:  # the step that takes it has begun
+                await anyio.sleep(0.001)
+        s.interrupt()
+        await _close_while_rewinding(engine, s, mark, within=10)
+
+
+async def test_a_rewind_waiting_on_a_partly_appended_frame_ends_when_the_engine_closes_between_ticks() -> None:
+    # 4 of the frame's 12 tokens are in, the rest wait for ticks half a second apart; the engine is
+    # closed between two ticks, so no tick ends again: the rewind must still end, with EngineClosed
+    core = SlowedBackend(KVPolicy.windowed(12, sinks=4), fixed=0.0, per_token=0.0)
+    timing = TimingConfig(period=0.5, deadline=60.0, max_chunk_tokens=4, tick_tokens=4)
+    engine = Engine(core=core, timing=timing, tokenizer=CharTokenizer())
+    async with engine:
+        s = engine.try_session(PROMPT, rewind_tokens=64)
+        await s.step(InputFrame.from_tokens([5, 6]))
+        mark = await s.mark()
+        served = len(core.steps)
+        s.send_nowait(InputFrame.from_tokens(list(range(7, 19))))
+        with anyio.fail_after(10):
+            while len(core.steps) == served:  # the tick that appends its first 4 tokens has run
+                await anyio.sleep(0.001)
+        s.interrupt()  # too late for this frame: its first tokens are in
+        await _close_while_rewinding(engine, s, mark, within=2)

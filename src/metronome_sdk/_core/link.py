@@ -36,7 +36,8 @@ __all__: list[str] = []  # internal: SessionHost, SessionRequest, SessionLink, L
 
 T = TypeVar("T")
 
-_TICK_POLL = 0.005  # seconds between looks at a frame in a tick that a rewind waits out
+# seconds a rewind waits on one tick's end before it looks again: an engine closing runs no more ticks
+_TICK_WAIT = 0.1
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -65,6 +66,7 @@ class LinkServices:
     release: Callable[[SessionState], Awaitable[None]]  # out of the admitted set, its blocks freed
     # fn(core) on the core thread, once the session is in no tick: holds and rewinds its sequence
     on_core: Callable[[SessionState, Callable[[EngineBackend], Any]], Awaitable[Any]]
+    tick_finished: Callable[[], Awaitable[None]]  # returns when the tick in flight is delivered (or abandoned)
 
 
 @dataclass(frozen=True, slots=True)
@@ -179,8 +181,12 @@ class SessionLink:
         state.mark = snap = state.snapshot()
         return ContextMark(state.session_id, snap.num_tokens, state.rewind_tokens, snap)
 
-    async def rewind(self, mark: ContextMark) -> None:
-        """Take the context back to ``mark`` (``Session.rewind``)."""
+    async def rewind(self, mark: ContextMark, *, still_open: Callable[[], object] = lambda: None) -> None:
+        """Take the context back to ``mark`` (``Session.rewind``).
+
+        ``still_open`` raises the session's typed error once it is closed: called after waiting out a
+        tick, since the engine may have ended the session meanwhile.
+        """
         state = self.state
         since = state.num_tokens - mark.num_tokens
         if mark.session_id != state.session_id or state.mark is not mark._snapshot:
@@ -193,7 +199,9 @@ class SessionLink:
         # a frame in the tick now running (one interrupt() withdrew: its output will be dropped) leaves
         # with that tick, and one partly appended with the ticks that append the rest: wait for them
         while state.channel.state is ChannelState.OPEN and any(p.in_tick or p.started for p in state.channel.inputs):
-            await anyio.sleep(_TICK_POLL)
+            with anyio.move_on_after(_TICK_WAIT):
+                await self._services.tick_finished()
+        still_open()  # ended while it waited (the engine closed): nothing to go back to
         since = state.num_tokens - mark.num_tokens
         if state.channel.inputs or state.channel.unread:
             raise ValueError(
