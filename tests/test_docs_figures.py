@@ -80,7 +80,7 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
         "20 s": (2, "the forecast's longest lead, LEADS = (1, 2, 5, 10, 20), and bench admit's hog_start = 20.0"),
     },
     "benchmarks.md": {
-        "5 %": (1, "the model policy's BUDGET_HEADROOM, 0.05"),
+        "5 %": (2, "the model policy's BUDGET_HEADROOM, 0.05"),
         "80 ms": (6, "the default tick period (EngineConfig.period = 0.080), the cliff's and forecast's period"),
         "500 ms": (3, "the sweep's and admit's default period and deadline, SweepConfig.period = 0.5"),
         "1 s": (2, "the slowest tick the design allows, and a lead the gauge is scored at (forecast.LEADS)"),
@@ -100,7 +100,7 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
         "75 s": (1, "bench admit's run length, AdmitConfig.run_seconds = 75.0"),
         "0.75 x": (1, "the step's share of the deadline, TimingConfig.step_share = 0.75"),
         "0.8 x": (1, "the SDK's admission target, AdmissionConfig.target = 0.8"),
-        "10 %": (5, "issue 33's threshold for N* and the peak against n_sched (and the knee read beside a run)"),
+        "10 %": (6, "issue 33's threshold for N* and the peak against n_sched (and the knee read beside a run)"),
         "15 %": (2, "issue 25's threshold for the gauge's error, and issue 4's for N*"),
         "25 s": (1, "the run's horizon, 105 s, less the hog's end at 80 s: the run's own timeline"),
     },
