@@ -429,8 +429,8 @@ def _entry(config: AdmitConfig, kind: Policy, mine: list[AdmitRun], n_sched: int
         errs = [abs(r.n_star - n_sched) / n_sched for r in mine] if n_sched else []
         entry["n_star_rel_err"] = round(abs(entry["n_star"] - n_sched) / n_sched, 4) if n_sched else None
         entry["n_star_rel_err_max"] = round(max(errs), 4) if errs else None
-        entry["runs_n_star_within_10pct"] = sum(1 for e in errs if e <= 0.10)
-        entry["runs_peak_within_10pct"] = sum(1 for r in mine if r.peak_sessions <= 1.10 * n_sched)
+        entry["runs_n_star_within_10pct"] = sum(1 for r in mine if _n_star_within(r, n_sched))
+        entry["runs_peak_within_10pct"] = sum(1 for r in mine if _peak_within(r, n_sched))
         p99s = [r.p99_after_ms for r in mine if r.p99_after_ms is not None]
         entry["p99_after_10s_ms_max"] = max(p99s) if p99s else None
         entry["runs_p99_after_10s_under_deadline"] = sum(1 for p in p99s if p <= config.period * 1e3)
@@ -439,11 +439,21 @@ def _entry(config: AdmitConfig, kind: Policy, mine: list[AdmitRun], n_sched: int
             knees = [r.knee.knee for r in mine if r.knee is not None]
             entry["knee_beside"] = knees
             entry["runs_n_star_within_10pct_of_knee_beside"] = sum(
-                1 for r, k in zip(mine, knees, strict=True) if k and abs(r.n_star - k) <= 0.10 * k
+                1 for r, k in zip(mine, knees, strict=True) if _n_star_within(r, k)
             )
             entry["runs_peak_within_10pct_of_knee_beside"] = sum(
-                1 for r, k in zip(mine, knees, strict=True) if k and r.peak_sessions <= 1.10 * k
+                1 for r, k in zip(mine, knees, strict=True) if k and _peak_within(r, k)
             )
     else:
         entry["pool_carries_sessions"] = round(config.pool_carries, 2)
     return entry
+
+
+def _n_star_within(run: AdmitRun, knee: int) -> bool:
+    """Issue 33's check: the run's N* within 10 % of ``knee`` (never, against a knee of 0)."""
+    return bool(knee) and abs(run.n_star - knee) / knee <= 0.10
+
+
+def _peak_within(run: AdmitRun, knee: int) -> bool:
+    """Issue 33's check: the run's peak of sessions open at most 10 % above ``knee``."""
+    return run.peak_sessions <= 1.10 * knee

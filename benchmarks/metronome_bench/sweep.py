@@ -299,16 +299,31 @@ async def knee_near(
     a knee read beside a run is the reference that run met, where the search's is one from
     minutes before. Each reading is a sweep point, judged as ``search_n_sched`` judges one.
     """
-    deadline_ms = config.frame_deadline * 1e3
     points: list[SweepPoint] = []
+    knee = await walk_knee(_window_reading(config, model, points, on_round=on_round), start=start, reach=reach)
+    return knee, points
 
-    async def measure(n: int) -> bool:
+
+def _window_reading(
+    config: SweepConfig,
+    model: LlamaModel,
+    points: list[SweepPoint],
+    *,
+    on_round: Callable[[], None] | None = None,
+    on_point: Callable[[SweepPoint], None] | None = None,
+) -> Callable[[int], Awaitable[bool]]:
+    """``meets(n)`` for the knee's searches: one window point of ``n`` sessions, kept in ``points``."""
+    deadline_ms = config.frame_deadline * 1e3
+
+    async def meets(n: int) -> bool:
+        # each point's pool holds its own N at the window's bound (the sweep's pool is sized for max(ns))
         point = await _point(replace(config, ns=(n,)), model, "window", n, on_round or (lambda: None))
         points.append(point)
-        return point.p99_ms <= deadline_ms
+        if on_point is not None:
+            on_point(point)
+        return point.p99_ms <= deadline_ms  # the criterion of n_sched()
 
-    knee = await walk_knee(measure, start=start, reach=reach)
-    return knee, points
+    return meets
 
 
 def search_n_sched(
@@ -328,16 +343,8 @@ def search_n_sched(
     does not (or at ``limit``), so ``n_sched`` of its points is the knee itself.
     """
     net = model if model is not None else bench_model(config.model)
-    deadline_ms = config.frame_deadline * 1e3
     points: list[SweepPoint] = []
-
-    async def measure(n: int) -> bool:
-        # each point's pool holds its own N at the window's bound (the sweep's pool is sized for max(ns))
-        point = await _point(replace(config, ns=(n,)), net, "window", n, on_round or (lambda: None))
-        points.append(point)
-        if on_point is not None:
-            on_point(point)
-        return point.p99_ms <= deadline_ms  # the criterion of n_sched()
+    measure = _window_reading(config, net, points, on_round=on_round, on_point=on_point)
 
     async def main() -> None:
         await find_knee(measure, limit=limit)

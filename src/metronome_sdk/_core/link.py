@@ -181,7 +181,7 @@ class SessionLink:
         state.mark = snap = state.snapshot()
         return ContextMark(state.session_id, snap.num_tokens, state.rewind_tokens, snap)
 
-    async def rewind(self, mark: ContextMark, *, still_open: Callable[[], object] = lambda: None) -> None:
+    async def rewind(self, mark: ContextMark, *, still_open: Callable[[], object]) -> None:
         """Take the context back to ``mark`` (``Session.rewind``).
 
         ``still_open`` raises the session's typed error once it is closed: called after waiting out a
