@@ -149,6 +149,9 @@ class RealtimeTransport:
         self._audio: deque[tuple[_Response, npt.NDArray[np.int16]]] = deque()  # reply audio at 24 kHz, unsent
         self._wake = anyio.Event()
         self._send_lock = anyio.Lock()
+        # held while a response ends, from `_response = None` to its response.done: the next
+        # response.created waits for it, so a client never sees a response begin before the last one is done
+        self._ending = anyio.Lock()
         self.failure: BaseException | None = None
 
     # serving --------------------------------------------------------------------------------------
@@ -523,18 +526,20 @@ class RealtimeTransport:
         if pending.audio and not pending.committed:
             await self._send_committed(pending.item_id, self._last_item())
         output = self._next_output or self.settings.output
-        response = self._response = _Response(
-            rt.new_id("resp"),
-            output=output,
-            user_item=pending.item_id if pending.audio else None,
-            metadata=self._next_metadata,
-        )
-        self._next_output = self._next_metadata = None
-        response.transcribed = not pending.audio
-        response.heard_seconds = pending.seconds
-        if self._agent is not None:
-            self._agent.speak = output == "audio"  # a text response is not synthesized at all
-        await self._send(rt.server_event("response.created", response=self._response_object(response, "in_progress")))
+        async with self._ending:  # the last response's response.done goes out first
+            response = self._response = _Response(
+                rt.new_id("resp"),
+                output=output,
+                user_item=pending.item_id if pending.audio else None,
+                metadata=self._next_metadata,
+            )
+            self._next_output = self._next_metadata = None
+            response.transcribed = not pending.audio
+            response.heard_seconds = pending.seconds
+            if self._agent is not None:
+                self._agent.speak = output == "audio"  # a text response is not synthesized at all
+            created = rt.server_event("response.created", response=self._response_object(response, "in_progress"))
+            await self._send(created)
         self._wake.set()
 
     async def _transcribed(self, text: str) -> None:
@@ -667,6 +672,10 @@ class RealtimeTransport:
         return {"response_id": response.id, "item_id": response.item_id, "output_index": 0, "content_index": 0}
 
     async def _finish(self, response: _Response) -> None:
+        async with self._ending:
+            await self._end(response)
+
+    async def _end(self, response: _Response) -> None:
         if self._response is response:
             self._response = None
         self._audio = deque(c for c in self._audio if c[0] is not response)
