@@ -80,7 +80,7 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
         "20 s": (2, "the forecast's longest lead, LEADS = (1, 2, 5, 10, 20), and bench admit's hog_start = 20.0"),
     },
     "benchmarks.md": {
-        "5 %": (2, "the model policy's BUDGET_HEADROOM, 0.05"),
+        "5 %": (2, "the margin the model policy dropped (BUDGET_HEADROOM, 0.05 until 2026-12-07)"),
         "80 ms": (6, "the default tick period (EngineConfig.period = 0.080), the cliff's and forecast's period"),
         "500 ms": (3, "the sweep's and admit's default period and deadline, SweepConfig.period = 0.5"),
         "1 s": (2, "the slowest tick the design allows, and a lead the gauge is scored at (forecast.LEADS)"),
@@ -195,7 +195,7 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
         "1.4x": (1, "issue 9's threshold, eval/quality.py: no sinks / sinks >= 1.4"),
     },
     "sessions.md": {
-        "5 %": (1, "the model policy's BUDGET_HEADROOM, 0.05"),
+        "5 %": (1, "the margin the model policy dropped (BUDGET_HEADROOM, 0.05 until 2026-12-07)"),
         "80 ms": (4, "the default tick period, EngineConfig.period = 0.080"),
         "256 MiB": (1, "the default block pool, DEFAULT_MEMORY_BYTES = 256 << 20"),
         "10 ms": (1, "VoiceAgent's default beat_lead = 0.01"),

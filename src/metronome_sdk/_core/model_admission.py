@@ -37,19 +37,13 @@ SETTLED_STEPS = 16  # steps whose median ratio growth waits for: a brief dip adm
 OVERHEAD_WEIGHT = 0.3  # each decision's weight in the overhead's moving average (a p99 of a few dozen frames)
 CORRECTION_MAX = 4.0  # the model's cost is never scaled past this: past it the model is wrong, not noisy
 CORRECTION_RELAX = 0.02  # each decision that meets the target takes this much off the correction (additive)
-# the share of the tick budget the cap leaves free: the budget moves with every refit of the cost (133 to
-# 147 tokens over one 10 s sweep point of 17 sessions on a 2-vCPU EPYC, docs/benchmarks.md), and sessions
-# admitted to its very edge lose a frame at each dip (a talking session's frame waits a tick, and a
-# real-time client drops it)
-BUDGET_HEADROOM = 0.05
 
 
 class ModelAdmitter(Admitter):
     """The cap from a model of the next tick, with AIMD on what the model misses.
 
     ``budget`` gives the tick's token budget now (``None``: no budget): the model never admits
-    sessions whose tokens the least budget of the last sixteen ticks, less ``BUDGET_HEADROOM``
-    (5 %), would hold back a tick.
+    sessions whose tokens the least budget of the last sixteen ticks would hold back a tick.
     ``update`` runs once a tick; a decision (every ``interval`` seconds, after ``min_samples``
     frames) learns the overhead and the correction, and sheds when the deadline itself is missed.
     """
@@ -123,7 +117,7 @@ class ModelAdmitter(Admitter):
             # the least budget of the last steps: the budget follows the refitted cost, and a session
             # let in on a brief high would wait a tick (a late frame) each time it fell back
             least = min([budget, *self._budgets])
-            n = min(n, int(least * (1 - BUDGET_HEADROOM)) // per)
+            n = min(n, least // per)
         return min([n, *self._limits.values()])
 
     def to_shed(self) -> int:

@@ -53,15 +53,15 @@ def test_the_cap_follows_the_least_tick_budget_of_the_last_ticks() -> None:
         clock=FakeClock(),
         budget=lambda: budgets[0],
     )
-    assert a.update(16) == 18  # 200 tokens hold 21 sessions with 5 % to spare: the model's 18 is the cap
+    assert a.update(16) == 18  # 200 tokens hold 22 sessions: the model's 18 is the cap
     budgets.pop(0)
-    assert a.update(12) == 12  # 120 tokens less 5 % (114) hold 12, where 13 sessions' 117 would fill it
+    assert a.update(12) == 13  # 120 tokens hold 13 sessions (117), not 14 (126)
     budgets.pop(0)
     # back at 200, the dip is still among the last ticks: a session let in now would wait a tick when it returns
-    assert a.update(12) == 12
+    assert a.update(13) == 13
     for _ in range(16):
-        a.update(12)
-    assert a.update(12) == 15  # the dip has left the window: growth resumes (sqrt(12) at a time)
+        a.update(13)
+    assert a.update(13) == 16  # the dip has left the window: growth resumes (sqrt(12) at a time)
 
 
 def test_sessions_not_yet_measured_count_at_their_full_cost() -> None:
