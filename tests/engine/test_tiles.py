@@ -150,7 +150,8 @@ def test_an_engine_on_tiles_equals_the_torch_engine(policy: KVPolicy) -> None:
     logits = {}
     for path in ("torch", "fused"):
         model, _ = _block_model()
-        engine = EngineCore(model, policy=policy, num_blocks=96, block_size=4, kernels=path)
+        # the native build by name: `make test` also runs these with METRONOME_KERNELS_ISA=x86-64-v4
+        engine = EngineCore(model, policy=policy, num_blocks=96, block_size=4, kernels=path, isa="native")
         assert model.tiles == (path == "fused")
         logits[path] = scripted_logits(engine)
     ref = logits["torch"]
@@ -164,7 +165,7 @@ def test_blocks_that_differ_from_the_weights_leave_float32_weights(caplog: pytes
     b = blocks[name]
     blocks[name] = QuantBlocks(b.q, b.scale * 2, b.offset)  # not the weights the model holds
     with caplog.at_level(logging.WARNING, logger="metronome_engine.model"):
-        assert not model.pack_weights()
+        assert not model.pack_weights(kernels.get_build("native"))
     assert not model.packed and not model.tiles
     assert "differ from the loaded weights" in caplog.text
     assert model.layers[0].qkv.dtype == torch.float32
@@ -173,7 +174,7 @@ def test_blocks_that_differ_from_the_weights_leave_float32_weights(caplog: pytes
 @needs_tiles
 def test_pack_weights_can_be_told_to_keep_float32_weights() -> None:
     model, _ = _block_model()
-    assert not model.pack_weights(tiles=False)
+    assert not model.pack_weights(kernels.get_build("native"), tiles=False)
     assert not model.packed and not model.tiles
 
 
@@ -184,7 +185,7 @@ def test_the_x86_64_v3_build_keeps_a_gguf_models_float32_weights(policy: KVPolic
     for path in ("torch", "fused"):
         model, _ = _block_model()
         engine = EngineCore(model, policy=policy, num_blocks=96, block_size=4, kernels=path, isa="x86-64-v3")
-        assert not kernels.get_build("x86-64-v3").ops.tiles_ready()
+        assert not kernels.get_build("x86-64-v3").tiles_available()  # loads the build first
         assert not model.packed
         logits[path] = scripted_logits(engine)
     ref = logits["torch"]
@@ -212,5 +213,5 @@ def test_smollm2_gguf_blocks_are_its_loaded_weights_bit_for_bit() -> None:
     assert set(blocks) == {n for n, t in state.items() if t.dim() == 2}  # every dense weight, tied head once
     for name, b in blocks.items():
         assert torch.equal(b.dequantize(), state[name]), name
-    model.pack_weights()
+    model.pack_weights(kernels.get_build("native"))
     assert model.tiles
