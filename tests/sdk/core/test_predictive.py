@@ -61,7 +61,7 @@ def test_the_cap_follows_the_least_tick_budget_of_the_last_ticks() -> None:
     assert a.update(13) == 13
     for _ in range(16):
         a.update(13)
-    assert a.update(13) == 16  # the dip has left the window: growth resumes (sqrt(12) at a time)
+    assert a.update(13) == 16  # the dip has left the window: growth resumes (sqrt(13), 3, at a time)
 
 
 def test_sessions_not_yet_measured_count_at_their_full_cost() -> None:
