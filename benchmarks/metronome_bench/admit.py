@@ -83,7 +83,9 @@ class AdmitConfig(StreamExperiment):
     hog: float = 0.0  # seconds a CPU-bound process runs mid-run (real seconds); 0: none
     hog_start: float = 20.0  # seconds into the run, before time_scale
     hog_procs: int = 1  # busy processes: each takes one core
-    recovery: float = 25.0  # seconds the run goes on after the hog, before time_scale
+    # seconds the run goes on after the hog, before time_scale: the step cost's refit keeps the hog's steps
+    # for its 64-step window (32 s at a 0.5 s tick), and the budget term the least of 16 ticks after that
+    recovery: float = 50.0
 
     def __post_init__(self) -> None:
         if not self.time_scale > 0:
@@ -400,7 +402,12 @@ def summarize(config: AdmitConfig, runs: list[AdmitRun], n_sched: int, sweep: di
         "kernels": config.kernels,
         "time_scale": config.time_scale,
         "controllers": list(config.controllers),
-        "hog": {"seconds": config.hog, "start_s": config.hog_start * config.time_scale, "procs": config.hog_procs}
+        "hog": {
+            "seconds": config.hog,
+            "start_s": config.hog_start * config.time_scale,
+            "procs": config.hog_procs,
+            "recovery_s": config.recovery * config.time_scale,
+        }
         if config.hog
         else None,
         "horizon_s": config.horizon,

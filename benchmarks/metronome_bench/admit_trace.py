@@ -18,7 +18,8 @@ __all__ = ["frames_after", "hog_report", "hogging", "silent_frames"]
 def hog_report(
     cap: list[tuple[float, int, int]], shed: list[tuple[float, float]], hog: tuple[float, float] | None
 ) -> dict[str, Any]:
-    """What the controller did around the hog: the cap before, during and after, the sheds, the time to react."""
+    """What the controller did around the hog: the cap before, during and after, the sheds, the time to react
+    and to recover (``None``: the cap never came back within a tenth of where it stood before)."""
     assert hog is not None
     start, end = hog
     before = [c for t, c, _ in cap if start - 5 <= t < start]
@@ -28,6 +29,8 @@ def hog_report(
     # admission stops when the cap is at (or below) the sessions open: no newcomer fits
     stopped = next((t - start for t, c, n in during if c <= n), None)
     cut = next((t - start for t, c, _ in during if cap0 is not None and c < cap0), None)
+    # recovered: the cap back within a tenth of where it stood before the hog (the knee drifts by that much)
+    back = next((t - end for t, c, _ in cap if t >= end and cap0 is not None and c >= 0.9 * cap0), None)
     return {
         "start_s": round(start, 2),
         "end_s": round(end, 2),
@@ -36,6 +39,7 @@ def hog_report(
         "cap_median_after_10s": round(statistics.median(after)) if after else None,
         "admission_stopped_after_s": None if stopped is None else round(stopped, 2),
         "cap_cut_after_s": None if cut is None else round(cut, 2),
+        "recovered_after_s": None if back is None else round(back, 2),
         "shed_during": sum(1 for t, _ in shed if start <= t < end + 5),
         "cap_series": [[round(t, 1), c, n] for t, c, n in _every_second(cap)],
     }

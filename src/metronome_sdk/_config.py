@@ -169,8 +169,8 @@ class AdmissionConfig:
     ones whose first frames have not come yet. When nothing more fits it holds the cap at
     what runs (never below the sessions in flight); it stops admitting within a tick or two
     when steps run slower than their measured cost (another process took a core), and if the
-    ``percentile`` still misses the deadline itself it sheds the newest sessions with
-    ``LoadShed``, at most ``1 - decrease`` of them per decision. AIMD stays as the feedback on
+    ``percentile`` misses the deadline itself at two decisions in a row it sheds the newest
+    sessions with ``LoadShed``, at most ``1 - decrease`` of them per decision. AIMD stays as the feedback on
     what the model misses: a miss the model did not predict scales its cost up by
     ``1 / decrease``; each decision that meets the target scales it back toward 1.
     docs/sessions.md compares the two policies.

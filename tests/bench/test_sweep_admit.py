@@ -9,6 +9,7 @@ import pytest
 
 from metronome_bench.admit import AdmitConfig, converged_cap, run_admit
 from metronome_bench.admit import summarize as summarize_admit
+from metronome_bench.admit_trace import hog_report
 from metronome_bench.sweep import SweepConfig, find_knee, n_sched, run_sweep, search_n_sched, walk_knee
 from metronome_bench.sweep import summarize as summarize_sweep
 from metronome_sdk import AdmissionConfig
@@ -184,6 +185,17 @@ def test_a_hog_mid_run_is_reported_with_the_cap_around_it() -> None:
     assert hog["start_s"] == pytest.approx(0.2, abs=0.2)
     assert hog["cap_series"] and all(len(row) == 3 for row in hog["cap_series"])
     assert isinstance(hog["shed_during"], int)
+
+
+def test_the_hog_report_times_the_cut_and_the_recovery_to_within_a_tenth() -> None:
+    # (seconds, cap, sessions open): 20 before the hog from 10 s to 20 s; back to 18 (0.9 x 20) 7 s after it
+    cap = [(9.0, 20, 20), (11.0, 20, 20), (12.0, 15, 18), (19.0, 14, 14), (22.0, 16, 16), (27.0, 18, 18)]
+    report = hog_report(cap, shed=[(13.0, 1.0), (30.0, 1.0)], hog=(10.0, 20.0))
+    assert report["cap_before"] == 20 and report["cap_min_during"] == 14
+    assert report["cap_cut_after_s"] == 2.0
+    assert report["recovered_after_s"] == 7.0
+    assert report["shed_during"] == 1  # the shed 10 s after the hog is not the hog's
+    assert hog_report(cap[:-1], shed=[], hog=(10.0, 20.0))["recovered_after_s"] is None  # never back
 
 
 def test_the_knee_is_read_beside_each_window_run_between_the_policies() -> None:

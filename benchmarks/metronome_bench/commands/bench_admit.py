@@ -54,6 +54,14 @@ def _add(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--hog-procs", type=int, default=1, help="busy processes the hog starts, one core each (default 1)")
     p.add_argument(
+        "--recovery",
+        type=positive_float,
+        default=None,
+        metavar="SECONDS",
+        help="seconds each run goes on after the hog (x --time-scale; default 50: the step cost's refit keeps "
+        "the hog's steps for its 64-step window, 32 s at a 0.5 s tick)",
+    )
+    p.add_argument(
         "--knee-beside",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -127,6 +135,8 @@ def _run(args: argparse.Namespace) -> int:
         hog=args.hog or 0.0,
         hog_procs=args.hog_procs,
     )
+    if args.recovery is not None:
+        config = replace(config, recovery=args.recovery)
     if args.quick:  # decisions on fewer frames, a pool that fills within the short run
         config = replace(config, pool_sessions=8, admission=replace(config.admission, min_samples=16))
     config = config.sized_for(n_sched)

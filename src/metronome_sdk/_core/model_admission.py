@@ -37,6 +37,7 @@ SETTLED_STEPS = 16  # steps whose median ratio growth waits for: a brief dip adm
 OVERHEAD_WEIGHT = 0.3  # each decision's weight in the overhead's moving average (a p99 of a few dozen frames)
 CORRECTION_MAX = 4.0  # the model's cost is never scaled past this: past it the model is wrong, not noisy
 CORRECTION_RELAX = 0.02  # each decision that meets the target takes this much off the correction (additive)
+MISSES_TO_SHED = 2  # decisions in a row past the deadline before any session is shed: one late second sheds nobody
 
 
 class ModelAdmitter(Admitter):
@@ -45,7 +46,8 @@ class ModelAdmitter(Admitter):
     ``budget`` gives the tick's token budget now (``None``: no budget): the model never admits
     sessions whose tokens the least budget of the last sixteen ticks would hold back a tick.
     ``update`` runs once a tick; a decision (every ``interval`` seconds, after ``min_samples``
-    frames) learns the overhead and the correction, and sheds when the deadline itself is missed.
+    frames) learns the overhead and the correction, and sheds when the deadline itself is still
+    missed at the next decision.
     """
 
     def __init__(
@@ -69,6 +71,7 @@ class ModelAdmitter(Admitter):
         self.correction = 1.0  # the model's cost scale: AIMD on its misses
         self._in_flight = 0
         self._shed = 0
+        self._misses = 0  # decisions in a row whose percentile missed the deadline itself
         self._limits: dict[str, int] = {}
         self._learned = False  # whether a decision has measured the overhead yet
 
@@ -158,13 +161,15 @@ class ModelAdmitter(Admitter):
             weight = OVERHEAD_WEIGHT if self._learned else 1.0  # the first decision's measurement as it is
             self.overhead += weight * (seen - self.overhead)
             self._learned = True
+        self._misses = self._misses + 1 if high > self.deadline else 0
         if high > self.threshold:
             if expected is not None and expected <= self.threshold:
                 # a miss the model did not predict: its cost is scaled up, multiplicatively
                 self.correction = min(CORRECTION_MAX, self.correction / c.decrease)
             fit = self.fits()
-            if high > self.deadline and fit is not None and fit < in_flight and in_flight > 1:
-                # the deadline itself is missed with admission stopped: shed the newest, a share at a time
+            if self._misses >= MISSES_TO_SHED and fit is not None and fit < in_flight and in_flight > 1:
+                # the deadline is still missed a decision after admission stopped: shed the newest, a share
+                # at a time (one late second, a stall the machine had once, sheds nobody)
                 share = max(1, math.ceil(in_flight * (1 - c.decrease)))
                 self._shed = min(in_flight - max(fit, 1), share)
         else:

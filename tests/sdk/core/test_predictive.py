@@ -103,12 +103,24 @@ def test_the_newest_are_shed_while_the_deadline_is_missed_a_share_at_a_time() ->
     clock = FakeClock()
     a = admitter(clock)
     steps(a, 16, 2.0, count=3)
-    assert decision(a, clock, 0.9, in_flight=16) == 14  # ceil(16 x 0.1) = 2 go
+    assert decision(a, clock, 0.9, in_flight=16) == 16  # the first late decision stops admission only
+    assert a.to_shed() == 0
+    steps(a, 16, 2.0, count=3)
+    assert decision(a, clock, 0.9, in_flight=16) == 14  # still late: ceil(16 x 0.1) = 2 go
     assert a.to_shed() == 2
     assert a.to_shed() == 0  # told once
     steps(a, 14, 2.0, count=3)
     assert decision(a, clock, 0.9, in_flight=14) == 12
     assert a.to_shed() == 2
+
+
+def test_one_late_decision_between_two_on_time_sheds_nobody() -> None:
+    clock = FakeClock()
+    a = admitter(clock)
+    steps(a, 16, 2.0, count=3)
+    for latency in (0.9, 0.45, 0.9, 0.45):  # a stall now and then, the deadline met in between
+        assert decision(a, clock, latency, in_flight=16) == 16
+        assert a.to_shed() == 0
 
 
 def test_a_slow_machine_that_meets_the_deadline_sheds_nobody() -> None:
