@@ -36,7 +36,7 @@ from metronome_engine.engine import Kernels
 from metronome_engine.model import LlamaModel
 from metronome_sdk import AdmissionConfig, Engine, TimingConfig
 
-from .admit_trace import frames_after, hog_report, hogging, silent_frames
+from .admit_trace import frames_after, hog_report, hogging, late_report, silent_frames
 from .sweep import SweepConfig, SweepPoint, knee_near
 from .workload import (
     Policy,
@@ -171,6 +171,7 @@ class AdmitRun:
     p99_after_ms: float | None = None  # frames sent after SETTLE_SECONDS, not shed
     frames_after: int = 0
     late_after: int = 0  # of those, answered past the deadline or never answered
+    late: dict[str, Any] = field(default_factory=dict)  # late_report: the late frames by outcome and by second
     shed: list[tuple[float, float]] = field(default_factory=list)  # (seconds, retry_after) of each LoadShed
     silent_frames: int = 0  # frames answered with silence, or never answered without a typed error
     lost_sessions: int = 0  # sessions with such frames: lost without a typed error
@@ -191,6 +192,7 @@ class AdmitRun:
             "p99_after_10s_ms": self.p99_after_ms,
             "frames_after_10s": self.frames_after,
             "late_after_10s": self.late_after,
+            "late_after_10s_by": self.late,
             "shed": len(self.shed),
             "shed_retry_after_s": sorted({round(r, 3) for _, r in self.shed}),
             "silent_frames": self.silent_frames,
@@ -296,6 +298,7 @@ async def _one(
         p99_after_ms=p99,
         frames_after=after,
         late_after=late,
+        late=late_report(trace, SETTLE_SECONDS * scale, spec.period),
         shed=shed,
         silent_frames=silent,
         lost_sessions=lost,

@@ -6,13 +6,14 @@ import math
 import statistics
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Iterator
 from contextlib import contextmanager
 from typing import Any
 
-from .workload import WorkloadTrace
+from .workload import FrameRecord, WorkloadTrace
 
-__all__ = ["frames_after", "hog_report", "hogging", "silent_frames"]
+__all__ = ["frames_after", "hog_report", "hogging", "late_frames", "late_report", "silent_frames"]
 
 
 def hog_report(
@@ -69,18 +70,44 @@ def hogging(procs: int) -> Iterator[None]:
 def frames_after(trace: WorkloadTrace, settle: float, deadline: float) -> tuple[float | None, int, int]:
     """p99 (ms) of the frames sent after ``settle`` seconds, their count, how many late. Left out: shed sessions'
     frames, and frames still in flight when the run ended (sent in its last two periods, not answered)."""
-    cutoff = trace.end - 2 * deadline
-    frames = [
+    frames = _judged(trace, settle, deadline)
+    waited = [trace.waited(f) for f in frames]
+    if not waited:
+        return None, 0, 0
+    late = len(late_frames(trace, settle, deadline))
+    p99 = sorted(waited)[max(1, math.ceil(0.99 * len(waited))) - 1]  # nearest rank, as the sweep's
+    return round(p99 * 1e3, 2), len(frames), late
+
+
+def late_frames(trace: WorkloadTrace, settle: float, deadline: float) -> list[FrameRecord]:
+    """The frames ``frames_after`` counts late: answered past the deadline, dropped by their client, failed."""
+    return [
+        f for f in _judged(trace, settle, deadline) if f.outcome not in ("ok", "empty") or trace.waited(f) > deadline
+    ]
+
+
+def late_report(trace: WorkloadTrace, settle: float, deadline: float) -> dict[str, Any]:
+    """Why and when frames were late: counts by outcome (``ok``: answered, past the deadline) and by the
+    second of the run they were sent in; beside them the ticks after ``settle`` whose step alone took the
+    deadline, and those where a session's tokens waited on the tick's budget (its frame a period late)."""
+    late = late_frames(trace, settle, deadline)
+    ticks = [t for t in trace.ticks if t.time - trace.start >= settle]
+    return {
+        "ticks": len(ticks),
+        "steps_over_deadline": sum(1 for t in ticks if t.step_seconds > deadline),
+        "budget_waits": sum(1 for t in ticks if t.waiting),
+        "by_outcome": dict(sorted(Counter(f.outcome for f in late).items())),
+        "by_second": {str(k): v for k, v in sorted(Counter(int(f.sent - trace.start) for f in late).items())},
+    }
+
+
+def _judged(trace: WorkloadTrace, settle: float, deadline: float) -> list[FrameRecord]:
+    cutoff = trace.end - 2 * deadline  # the deadline is the period: the frames of the last two are in flight
+    return [
         f
         for f in trace.frames
         if f.sent - trace.start >= settle and f.outcome != "shed" and (f.outcome != "unanswered" or f.sent < cutoff)
     ]
-    waited = [trace.waited(f) for f in frames]
-    if not waited:
-        return None, 0, 0
-    late = sum(1 for f, w in zip(frames, waited, strict=True) if f.outcome not in ("ok", "empty") or w > deadline)
-    p99 = sorted(waited)[max(1, math.ceil(0.99 * len(waited))) - 1]  # nearest rank, as the sweep's
-    return round(p99 * 1e3, 2), len(frames), late
 
 
 def silent_frames(trace: WorkloadTrace, period: float) -> tuple[int, int]:

@@ -9,10 +9,11 @@ import pytest
 
 from metronome_bench.admit import AdmitConfig, converged_cap, run_admit
 from metronome_bench.admit import summarize as summarize_admit
-from metronome_bench.admit_trace import hog_report
+from metronome_bench.admit_trace import frames_after, hog_report, late_report
 from metronome_bench.sweep import SweepConfig, find_knee, n_sched, run_sweep, search_n_sched, walk_knee
 from metronome_bench.sweep import summarize as summarize_sweep
-from metronome_sdk import AdmissionConfig
+from metronome_bench.workload import FrameRecord, WorkloadTrace
+from metronome_sdk import AdmissionConfig, TickReport
 
 
 def test_n_sched_is_the_largest_n_whose_p99_meets_the_deadline() -> None:
@@ -196,6 +197,32 @@ def test_the_hog_report_times_the_cut_and_the_recovery_to_within_a_tenth() -> No
     assert report["recovered_after_s"] == 7.0
     assert report["shed_during"] == 1  # the shed 10 s after the hog is not the hog's
     assert hog_report(cap[:-1], shed=[], hog=(10.0, 20.0))["recovered_after_s"] is None  # never back
+
+
+def _tick(at: float, step: float, waiting: tuple[int, ...] = ()) -> TickReport:
+    return TickReport(
+        tick=0, time=at, sessions=2, served=2, stalled=(), latencies=(), step_seconds=step, used_blocks=1,
+        pool_blocks=8, waiting=waiting,
+    )  # fmt: skip
+
+
+def test_late_frames_are_told_by_outcome_and_second_beside_the_ticks_that_explain_them() -> None:
+    trace = WorkloadTrace(start=100.0, end=130.0)
+    trace.frames = [
+        FrameRecord(0, 0, 105.0, "ok", 0.9),  # before the 10 s settle: not judged
+        FrameRecord(0, 1, 111.2, "ok", 0.2),
+        FrameRecord(0, 2, 111.7, "ok", 0.7),  # answered past the 0.5 s deadline
+        FrameRecord(1, 0, 111.8, "dropped"),
+        FrameRecord(1, 1, 115.0, "error"),
+        FrameRecord(1, 2, 116.0, "shed"),  # the session's typed end: not a late frame
+        FrameRecord(1, 3, 129.5, "unanswered"),  # in flight when the run ended: not judged
+    ]
+    trace.ticks = [_tick(105.0, 0.6), _tick(111.5, 0.2, waiting=(1,)), _tick(112.0, 0.55), _tick(115.5, 0.3)]
+    late = late_report(trace, settle=10.0, deadline=0.5)
+    assert late["by_outcome"] == {"dropped": 1, "error": 1, "ok": 1}
+    assert late["by_second"] == {"11": 2, "15": 1}
+    assert (late["ticks"], late["steps_over_deadline"], late["budget_waits"]) == (3, 1, 1)
+    assert frames_after(trace, 10.0, 0.5)[1:] == (4, 3)  # judged, late: the same frames
 
 
 def test_the_knee_is_read_beside_each_window_run_between_the_policies() -> None:
