@@ -74,16 +74,14 @@ def frames_after(trace: WorkloadTrace, settle: float, deadline: float) -> tuple[
     waited = [trace.waited(f) for f in frames]
     if not waited:
         return None, 0, 0
-    late = len(late_frames(trace, settle, deadline))
+    late = sum(1 for f in frames if _late(trace, f, deadline))
     p99 = sorted(waited)[max(1, math.ceil(0.99 * len(waited))) - 1]  # nearest rank, as the sweep's
     return round(p99 * 1e3, 2), len(frames), late
 
 
 def late_frames(trace: WorkloadTrace, settle: float, deadline: float) -> list[FrameRecord]:
     """The frames ``frames_after`` counts late: answered past the deadline, dropped by their client, failed."""
-    return [
-        f for f in _judged(trace, settle, deadline) if f.outcome not in ("ok", "empty") or trace.waited(f) > deadline
-    ]
+    return [f for f in _judged(trace, settle, deadline) if _late(trace, f, deadline)]
 
 
 def late_report(trace: WorkloadTrace, settle: float, deadline: float) -> dict[str, Any]:
@@ -99,6 +97,10 @@ def late_report(trace: WorkloadTrace, settle: float, deadline: float) -> dict[st
         "by_outcome": dict(sorted(Counter(f.outcome for f in late).items())),
         "by_second": {str(k): v for k, v in sorted(Counter(int(f.sent - trace.start) for f in late).items())},
     }
+
+
+def _late(trace: WorkloadTrace, f: FrameRecord, deadline: float) -> bool:
+    return f.outcome not in ("ok", "empty") or trace.waited(f) > deadline
 
 
 def _judged(trace: WorkloadTrace, settle: float, deadline: float) -> list[FrameRecord]:
