@@ -48,7 +48,16 @@ from .workload import (
     run_workload,
 )
 
-__all__ = ["AdmitConfig", "AdmitRun", "Controller", "KneeBeside", "converged_cap", "run_admit", "summarize"]
+__all__ = [
+    "AdmitConfig",
+    "AdmitRun",
+    "Controller",
+    "KneeBeside",
+    "cap_bound_by",
+    "converged_cap",
+    "run_admit",
+    "summarize",
+]
 
 Controller = Literal["model", "aimd"]
 SETTLE_SECONDS = 10.0  # frame p99 is judged after the first 10 s of a run (issue 33), before time_scale
@@ -178,6 +187,7 @@ class AdmitRun:
     hog: tuple[float, float] | None = None  # (start, end) seconds of the CPU hog
     load_avg: tuple[float, float] | None = None  # 1-minute load average at the run's start and end
     knee: KneeBeside | None = None  # the knee read beside this run (kv=window, when asked)
+    bound_by: dict[str, float] = field(default_factory=dict)  # cap_bound_by: which term set the settled cap
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -199,6 +209,7 @@ class AdmitRun:
             "lost_sessions": self.lost_sessions,
             "load_avg_1m": None if self.load_avg is None else list(self.load_avg),
             "knee_beside": None if self.knee is None else self.knee.knee,
+            "cap_bound_by": self.bound_by,
         }
         if self.hog is not None:
             out["hog"] = hog_report(self.cap, self.shed, self.hog)
@@ -207,12 +218,26 @@ class AdmitRun:
 
 def converged_cap(cap: list[tuple[float, int, int]], *, until: float | None = None) -> int:
     """The cap the controller settled at: the median over the second half of the run (before ``until``)."""
-    rows = [c for c in cap if until is None or c[0] <= until]
+    tail = [cap[i][1] for i in _second_half(cap, until)]
+    return round(statistics.median(tail)) if tail else 0
+
+
+def cap_bound_by(
+    cap: list[tuple[float, int, int]], bound_by: list[str | None], *, until: float | None = None
+) -> dict[str, float]:
+    """Over the rounds ``converged_cap`` takes its median of, the share each term set the cap
+    (``stats().limit_bound_by``); empty where no term was named (AIMD)."""
+    names = [name for i in _second_half(cap, until) if (name := bound_by[i]) is not None]
+    return {name: round(names.count(name) / len(names), 3) for name in sorted(set(names))}
+
+
+def _second_half(cap: list[tuple[float, int, int]], until: float | None) -> list[int]:
+    """Indices of ``cap``'s rows in the second half of the run (before ``until``)."""
+    rows = [i for i, c in enumerate(cap) if until is None or c[0] <= until]
     if not rows:
-        return 0
-    half = rows[0][0] + (rows[-1][0] - rows[0][0]) / 2
-    tail = [c[1] for c in rows if c[0] >= half]
-    return round(statistics.median(tail))
+        return []
+    half = cap[rows[0]][0] + (cap[rows[-1]][0] - cap[rows[0]][0]) / 2
+    return [i for i in rows if cap[i][0] >= half]
 
 
 async def _one(
@@ -307,6 +332,7 @@ async def _one(
         policy=kind,
         run=run,
         n_star=converged_cap(cap, until=stalled_at),
+        bound_by=cap_bound_by(cap, trace.bound_by, until=stalled_at),
         collapsed=stall is not None,
         stalled_at_s=None if stalled_at is None else round(stalled_at, 3),
         admitted=stats.admitted,
@@ -452,7 +478,7 @@ def _entry(config: AdmitConfig, kind: Policy, mine: list[AdmitRun], n_sched: int
                 1 for r, k in zip(mine, knees, strict=True) if _n_star_within(r, k)
             )
             entry["runs_peak_within_10pct_of_knee_beside"] = sum(
-                1 for r, k in zip(mine, knees, strict=True) if k and _peak_within(r, k)
+                1 for r, k in zip(mine, knees, strict=True) if _peak_within(r, k)
             )
     else:
         entry["pool_carries_sessions"] = round(config.pool_carries, 2)
@@ -465,5 +491,5 @@ def _n_star_within(run: AdmitRun, knee: int) -> bool:
 
 
 def _peak_within(run: AdmitRun, knee: int) -> bool:
-    """Issue 33's check: the run's peak of sessions open at most 10 % above ``knee``."""
-    return run.peak_sessions <= 1.10 * knee
+    """Issue 33's check: the run's peak of sessions open at most 10 % above ``knee`` (never, against a knee of 0)."""
+    return bool(knee) and run.peak_sessions <= 1.10 * knee

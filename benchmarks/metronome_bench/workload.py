@@ -156,6 +156,7 @@ class WorkloadTrace:
     frames: list[FrameRecord] = field(default_factory=list)
     sessions: list[SessionRecord] = field(default_factory=list)
     limits: list[tuple[float, int, int]] = field(default_factory=list)  # (time, admission cap, sessions open)
+    bound_by: list[str | None] = field(default_factory=list)  # stats().limit_bound_by beside each of limits
     errors: list[str] = field(default_factory=list)  # engine errors other than stalls, as reported
 
     def first_stall(self) -> TickReport | None:
@@ -308,6 +309,7 @@ async def run_workload(
             await _send_together(senders)
             stats = engine.stats()
             trace.limits.append((now, stats.limit, stats.sessions))
+            trace.bound_by.append(stats.limit_bound_by)
             if on_round is not None:
                 on_round(rel)
             next_round = _next_round(next_round + period, phase.tick_start(), period, spec.lead)

@@ -519,10 +519,8 @@ class Engine(SessionHost, embedded=True):
 
     async def _out_of_tick(self, slot: SessionState) -> None:
         """Return once no tick in flight holds the session (it finished, or was abandoned)."""
-        loop = self._loop
-        assert loop is not None
         while slot.in_tick:
-            await loop.tick_finished.wait()
+            await self._tick_finished()
 
     async def _on_core(self, slot: SessionState, fn: Callable[[EngineBackend], T]) -> T:
         """``fn(core)`` on the core thread, once no tick in flight holds the session (a hold, a rewind)."""

@@ -47,6 +47,9 @@ class EngineStats:
     tick_tokens: int | None = None  # the budget now: most tokens one tick appends (None: no budget)
     budget_waits: int = 0  # session-ticks a frame waited because the tick's budget was spent
     slow_steps: int = 0  # steps past the watchdog's limit but within their tokens' measured cost (load shed)
+    # what set ``limit`` at the last tick under the model policy ("model", "budget", "burst", "running",
+    # "memory", ...: docs/sessions.md); None under AIMD, whose cap is its own feedback
+    limit_bound_by: str | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
-from metronome_bench.admit import AdmitConfig, converged_cap, run_admit
+from metronome_bench.admit import AdmitConfig, AdmitRun, cap_bound_by, converged_cap, run_admit
 from metronome_bench.admit import summarize as summarize_admit
 from metronome_bench.admit_trace import frames_after, hog_report, late_report
 from metronome_bench.sweep import SweepConfig, find_knee, n_sched, run_sweep, search_n_sched, walk_knee
@@ -117,6 +117,25 @@ def test_converged_cap_is_the_median_of_the_second_half() -> None:
     assert converged_cap(cap) == 8
     assert converged_cap(cap, until=4.0) == 7  # before a stall at 4 s: 4..8 -> second half 6, 7, 8
     assert converged_cap([]) == 0
+    # which term set the cap, over the same rounds: 5..10 in the whole run, 2..4 before the stall
+    by = ["burst"] * 5 + ["model", "budget", "budget", "budget", "running", "budget"]
+    assert cap_bound_by(cap, by) == {"budget": 0.667, "model": 0.167, "running": 0.167}
+    assert cap_bound_by(cap, by, until=4.0) == {"burst": 1.0}
+    assert cap_bound_by(cap, [None] * len(cap)) == {}  # AIMD names no term
+
+
+def test_a_knee_of_zero_holds_no_run_within_10_percent() -> None:
+    def run(n_star: int, peak: int) -> AdmitRun:
+        return AdmitRun("window", 0, n_star, False, None, peak, 0, peak, [], [], controller="model")
+
+    config = AdmitConfig(controllers=("model",), kvs=("window",))
+    runs = [run(10, 11), run(9, 12), run(0, 0)]
+    entry = summarize_admit(config, runs, n_sched=10, sweep=None)["window"]["model"]
+    assert entry["runs_n_star_within_10pct"] == 2  # 10 and 9; 0 is 100 % off
+    assert entry["runs_peak_within_10pct"] == 2  # 11 <= 11 and 0; 12 is past it
+    # a machine that held no session: no run is within 10 % of it, neither by N* nor by peak
+    none = summarize_admit(config, runs, n_sched=0, sweep=None)["window"]["model"]
+    assert none["runs_n_star_within_10pct"] == 0 and none["runs_peak_within_10pct"] == 0
 
 
 def test_small_sweep_reports_the_issue_shape() -> None:

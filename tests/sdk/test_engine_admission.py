@@ -80,6 +80,7 @@ async def test_memory_guard_caps_sessions_at_what_the_pool_can_hold() -> None:
         sessions = [engine.try_session() for _ in range(3)]
         assert engine.stats().memory_limit == 3
         assert engine.stats().limit == 3
+        assert engine.stats().limit_bound_by is None  # AIMD (the default): its cap is its own feedback
         with pytest.raises(AdmissionRejected) as info:
             engine.try_session()
         assert info.value.limit == 3

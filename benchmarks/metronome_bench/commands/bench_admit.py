@@ -144,6 +144,7 @@ def _run(args: argparse.Namespace) -> int:
     knee = sc if args.knee_beside and "window" in config.kvs and n_sched >= 1 else None
     with progress_bar(round(total), "bench admit") as bar:
         bar.unit = "s"
+        bar.bar_format = "{l_bar}{bar}| {n:.0f}/{total} s [{elapsed}<{remaining}]"  # seconds of runs, whole
         last = [0.0]
 
         def tick(elapsed: float) -> None:

@@ -108,13 +108,26 @@ class Admitter:
         """The latency (seconds) the high percentile must stay under."""
         return self.config.target * self.deadline
 
+    @property
+    def bound_by(self) -> str | None:
+        """What set the cap at the last update (``EngineStats.limit_bound_by``); ``None``: the policy's own feedback."""
+        return None
+
     def _clamp(self, limit: int) -> int:
+        return self._clamp_by(limit)[0]
+
+    def _clamp_by(self, limit: int) -> tuple[int, str | None]:
+        """``limit`` within ``min_limit``, ``max_limit`` and the memory guard, and which moved it (``None``: none)."""
         c = self.config
-        limit = max(c.min_limit, min(limit, c.max_limit))
+        by = None
+        if limit > c.max_limit:
+            limit, by = c.max_limit, "max_limit"
+        if limit < c.min_limit:
+            limit, by = c.min_limit, "min_limit"
         guard_limit = self.guard.limit if self.guard is not None else None
-        if guard_limit is not None:
-            limit = min(limit, guard_limit)
-        return limit
+        if guard_limit is not None and guard_limit < limit:
+            limit, by = guard_limit, "memory"
+        return limit, by
 
     def observe(self, latency: float) -> None:
         self._samples.append(latency)

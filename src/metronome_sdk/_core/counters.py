@@ -211,4 +211,5 @@ class Counters:
             tick_tokens=tick_tokens,
             budget_waits=self.budget_waits,
             slow_steps=self.slow_steps,
+            limit_bound_by=admitter.bound_by if admitter is not None else None,
         )

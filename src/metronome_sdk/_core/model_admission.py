@@ -74,6 +74,7 @@ class ModelAdmitter(Admitter):
         self._misses = 0  # decisions in a row whose percentile missed the deadline itself
         self._limits: dict[str, int] = {}
         self._learned = False  # whether a decision has measured the overhead yet
+        self._bound_by = "start"  # what set the cap at the last update (see ``bound_by``)
 
     @property
     def slowdown(self) -> float:
@@ -108,20 +109,34 @@ class ModelAdmitter(Admitter):
         step = self.cost.seconds(sessions * self.config.session_tokens)
         return self.overhead + self.correction * self.slowdown * step
 
+    @property
+    def bound_by(self) -> str:
+        """What set the cap at the last update: ``"model"`` (the predicted tick), ``"budget"`` (the
+        least tick budget of the last ticks), ``"burst"`` (sqrt(N) ahead of those in flight),
+        ``"running"`` (never below what runs), ``"memory"``, ``"max_limit"``, ``"min_limit"``, a
+        ``constrain`` name, ``"slow_step"`` (the watchdog's cut), ``"start"`` (nothing measured yet).
+        A cap held below the knee for long says here which term to look at."""
+        return self._bound_by
+
     def fits(self) -> int | None:
         """Most sessions the model says a tick holds under the threshold (``None``: no model yet)."""
+        fit = self._fit()
+        return None if fit is None else fit[0]
+
+    def _fit(self) -> tuple[int, str] | None:
+        """``fits()``, and which term gave it: the model, the budget, or a ``constrain`` name."""
         if not self.cost.ready:
             return None
         per = self.config.session_tokens
         room = (self.threshold - self.overhead) / (self.correction * self.slowdown)
-        n = self.cost.tokens_within(room) // per if room > 0 else 0
+        terms = [(self.cost.tokens_within(room) // per if room > 0 else 0, "model")]
         budget = self._budget()
         if budget is not None:
             # the least budget of the last steps: the budget follows the refitted cost, and a session
             # let in on a brief high would wait a tick (a late frame) each time it fell back
-            least = min([budget, *self._budgets])
-            n = min(n, least // per)
-        return min([n, *self._limits.values()])
+            terms.append((min([budget, *self._budgets]) // per, "budget"))
+        terms += [(limit, name) for name, limit in self._limits.items()]
+        return min(terms, key=lambda term: term[0])  # a tie names the first: the model, then the budget
 
     def to_shed(self) -> int:
         shed, self._shed = self._shed, 0
@@ -130,6 +145,7 @@ class ModelAdmitter(Admitter):
     def cut(self) -> int:
         """The watchdog saw a slow step: admit nobody until the next tick's model says otherwise."""
         self._limit = self._clamp(self._in_flight)
+        self._bound_by = "slow_step"
         return self._limit
 
     def update(self, in_flight: int) -> int:
@@ -142,14 +158,20 @@ class ModelAdmitter(Admitter):
         now = self._clock()
         if now >= self._next_decision and len(self._samples) >= c.min_samples:
             self._decide(in_flight, now)
-        fit = self.fits()
+        fit = self._fit()
         if fit is None:
             return self._limit  # nothing measured yet: the starting cap holds
+        cap, by = fit
         # admit at most sqrt(N) ahead of the sessions in flight between two ticks (Gradient2's queue
         # allowance): the model's extrapolation past what it measured is never trusted for a burst
-        burst = max(1, math.isqrt(max(1, in_flight)))
+        burst = in_flight + max(1, math.isqrt(max(1, in_flight)))
+        if burst < cap:
+            cap, by = burst, "burst"
         # never below what runs (less the sessions being shed): a lower cap only refuses newcomers
-        self._limit = self._clamp(max(min(fit, in_flight + burst), in_flight - self._shed))
+        if in_flight - self._shed > cap:
+            cap, by = in_flight - self._shed, "running"
+        self._limit, clamped = self._clamp_by(cap)
+        self._bound_by = clamped or by
         return self._limit
 
     def _decide(self, in_flight: int, now: float) -> None:
@@ -183,5 +205,6 @@ class ModelAdmitter(Admitter):
     def __repr__(self) -> str:
         return (
             f"ModelAdmitter(limit={self._limit}, threshold={self.threshold:.4f}s, slowdown={self.slowdown:.2f}, "
-            f"overhead={self.overhead * 1e3:.1f} ms, correction={self.correction:.2f}, guard={self.guard!r})"
+            f"overhead={self.overhead * 1e3:.1f} ms, correction={self.correction:.2f}, bound_by={self._bound_by!r}, "
+            f"guard={self.guard!r})"
         )

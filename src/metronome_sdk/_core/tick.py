@@ -434,7 +434,7 @@ class TickLoop:
         before = admitter.limit
         limit = admitter.update(n)
         if limit != before:
-            self._log.info("admission.limit_changed", old=before, new=limit, in_flight=n)
+            self._log.info("admission.limit_changed", old=before, new=limit, in_flight=n, by=admitter.bound_by)
             if limit > before:
                 self._room()
         shed = admitter.to_shed()

@@ -7,6 +7,7 @@ import pytest
 
 from metronome_engine import KVPolicy
 from metronome_sdk import AdmissionConfig, Engine, InputFrame, LoadShed, Session, TimingConfig
+from metronome_sdk._core.admission import MemoryGuard
 from metronome_sdk._core.cost import StepCost
 from metronome_sdk._core.model_admission import ModelAdmitter
 from tests.sdk.conftest import CharTokenizer, FakeClock, make_engine
@@ -54,8 +55,10 @@ def test_the_cap_follows_the_least_tick_budget_of_the_last_ticks() -> None:
         budget=lambda: budgets[0],
     )
     assert a.update(16) == 18  # 200 tokens hold 22 sessions: the model's 18 is the cap
+    assert a.bound_by == "model"
     budgets.pop(0)
     assert a.update(12) == 13  # 120 tokens hold 13 sessions (117), not 14 (126)
+    assert a.bound_by == "budget"
     budgets.pop(0)
     # back at 200, the dip is still among the last ticks: a session let in now would wait a tick when it returns
     assert a.update(13) == 13
@@ -190,6 +193,29 @@ def test_the_watchdog_cut_stops_admission_at_what_runs() -> None:
     assert a.cut() == 10
 
 
+def test_the_cap_names_the_term_that_set_it() -> None:
+    a = admitter(FakeClock())
+    assert a.bound_by == "start"
+    assert a.update(16) == 18 and a.bound_by == "model"
+    assert a.update(4) == 6 and a.bound_by == "burst"
+    assert a.update(25) == 25 and a.bound_by == "running"
+    a.constrain("voice", 5)
+    assert a.update(4) == 5 and a.bound_by == "voice"
+    a.constrain("voice", None)
+    assert a.cut() == 4 and a.bound_by == "slow_step"
+    guarded = ModelAdmitter(
+        AdmissionConfig(policy="model", session_tokens=PER),
+        deadline=DEADLINE,
+        cost=StepCost(CALIBRATION),
+        guard=MemoryGuard(pool_blocks=50, session_blocks=5),
+    )
+    assert guarded.update(9) == 10 and guarded.bound_by == "memory"  # the burst would be 12, the pool holds 10
+    capped = ModelAdmitter(
+        AdmissionConfig(policy="model", session_tokens=PER, max_limit=7), deadline=DEADLINE, cost=StepCost(CALIBRATION)
+    )
+    assert capped.update(6) == 7 and capped.bound_by == "max_limit"
+
+
 def test_nothing_measured_keeps_the_starting_cap() -> None:
     a = ModelAdmitter(AdmissionConfig(policy="model", initial_limit=3), deadline=DEADLINE, cost=StepCost())
     assert a.update(2) == 3
@@ -210,6 +236,7 @@ async def test_an_engine_under_the_model_policy_never_caps_below_its_sessions() 
                 await s.step(InputFrame.from_tokens([5, 6]))
             stats = engine.stats()
             assert stats.limit >= stats.sessions == 3
+            assert stats.limit_bound_by in ("model", "budget", "burst", "running", "max_limit")
         for s in sessions:
             await s.aclose()
 
