@@ -91,16 +91,16 @@ ALLOWED: dict[str, dict[str, tuple[int, str]]] = {
             "the longest lead the gauge is scored at (forecast.LEADS), and when --hog starts (AdmitConfig.hog_start)",
         ),
         "10 s": (
-            9,
+            12,
             "the alarm t_sat < 10 s (alarm_s = 10.0), the first 10 s that p99_after_10s_ms leaves out, "
             "the 10 s after a hog that cap_median_after_10s leaves out, and a sweep point's 20 measured ticks of "
             "500 ms (a reading of the knee)",
         ),
         "60 s": (2, "bench admit's longest session (AdmitConfig.duration = (30.0, 60.0)), and --hog 60's length"),
         "75 s": (1, "bench admit's run length, AdmitConfig.run_seconds = 75.0"),
-        "0.75 x": (1, "the step's share of the deadline, TimingConfig.step_share = 0.75"),
+        "0.75 x": (2, "the step's share of the deadline, TimingConfig.step_share = 0.75"),
         "0.8 x": (1, "the SDK's admission target, AdmissionConfig.target = 0.8"),
-        "10 %": (9, "issue 33's threshold for N* and the peak against n_sched (and the knee read beside a run)"),
+        "10 %": (15, "issue 33's threshold for N* and the peak against n_sched (and the knee read beside a run)"),
         "15 %": (2, "issue 25's threshold for the gauge's error, and issue 4's for N*"),
     },
     "concepts.md": {
