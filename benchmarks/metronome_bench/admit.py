@@ -53,6 +53,7 @@ __all__ = [
     "AdmitRun",
     "Controller",
     "KneeBeside",
+    "budget_in_sessions",
     "cap_bound_by",
     "converged_cap",
     "run_admit",
@@ -188,6 +189,7 @@ class AdmitRun:
     load_avg: tuple[float, float] | None = None  # 1-minute load average at the run's start and end
     knee: KneeBeside | None = None  # the knee read beside this run (kv=window, when asked)
     bound_by: dict[str, float] = field(default_factory=dict)  # cap_bound_by: which term set the settled cap
+    budget: dict[str, int] | None = None  # budget_in_sessions: the tick budget over the same rounds
 
     def as_dict(self) -> dict[str, Any]:
         out: dict[str, Any] = {
@@ -210,6 +212,7 @@ class AdmitRun:
             "load_avg_1m": None if self.load_avg is None else list(self.load_avg),
             "knee_beside": None if self.knee is None else self.knee.knee,
             "cap_bound_by": self.bound_by,
+            "budget_sessions_2nd_half": self.budget,
         }
         if self.hog is not None:
             out["hog"] = hog_report(self.cap, self.shed, self.hog)
@@ -229,6 +232,22 @@ def cap_bound_by(
     (``stats().limit_bound_by``); empty where no term was named (AIMD)."""
     names = [name for i in _second_half(cap, until) if (name := bound_by[i]) is not None]
     return {name: round(names.count(name) / len(names), 3) for name in sorted(set(names))}
+
+
+def budget_in_sessions(
+    cap: list[tuple[float, int, int]], ticks: list[tuple[float, int | None]], per: int, *, until: float | None = None
+) -> dict[str, int] | None:
+    """The tick budget (``(seconds, tick_tokens)`` a tick) over the second half of the run, in whole
+    sessions of ``per`` tokens: its least, median and largest (``None``: no budget). Beside
+    ``cap_bound_by``, says whether a cap the budget held sat on a dip or on where it stood."""
+    rows = _second_half(cap, until)
+    if not rows:
+        return None
+    start, end = cap[rows[0]][0], cap[rows[-1]][0]
+    tokens = [b for t, b in ticks if b is not None and start <= t <= end]
+    if not tokens:
+        return None
+    return {"min": min(tokens) // per, "median": round(statistics.median(tokens)) // per, "max": max(tokens) // per}
 
 
 def _second_half(cap: list[tuple[float, int, int]], until: float | None) -> list[int]:
@@ -333,6 +352,12 @@ async def _one(
         run=run,
         n_star=converged_cap(cap, until=stalled_at),
         bound_by=cap_bound_by(cap, trace.bound_by, until=stalled_at),
+        budget=budget_in_sessions(
+            cap,
+            [(t.time - trace.start, t.tick_tokens) for t in trace.ticks],
+            spec.tokens_per_tick,  # what each session appends a tick: the model policy counts sessions so
+            until=stalled_at,
+        ),
         collapsed=stall is not None,
         stalled_at_s=None if stalled_at is None else round(stalled_at, 3),
         admitted=stats.admitted,

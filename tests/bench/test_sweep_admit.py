@@ -7,7 +7,7 @@ from typing import Any
 import anyio
 import pytest
 
-from metronome_bench.admit import AdmitConfig, AdmitRun, cap_bound_by, converged_cap, run_admit
+from metronome_bench.admit import AdmitConfig, AdmitRun, budget_in_sessions, cap_bound_by, converged_cap, run_admit
 from metronome_bench.admit import summarize as summarize_admit
 from metronome_bench.admit_trace import frames_after, hog_report, late_report
 from metronome_bench.sweep import SweepConfig, find_knee, n_sched, run_sweep, search_n_sched, walk_knee
@@ -122,6 +122,11 @@ def test_converged_cap_is_the_median_of_the_second_half() -> None:
     assert cap_bound_by(cap, by) == {"budget": 0.667, "model": 0.167, "running": 0.167}
     assert cap_bound_by(cap, by, until=4.0) == {"burst": 1.0}
     assert cap_bound_by(cap, [None] * len(cap)) == {}  # AIMD names no term
+    # the tick budget over the same rounds (5..10 s), in whole sessions of 9 tokens: a dip at 6 s, none before 5 s
+    ticks = [(0.0, 90), (4.0, 99), (5.0, 162), (6.0, 135), (7.0, 160), (10.0, 171), (11.0, 90)]
+    assert budget_in_sessions(cap, ticks, 9) == {"min": 15, "median": 17, "max": 19}
+    assert budget_in_sessions(cap, [(t, None) for t, _ in ticks], 9) is None  # no budget
+    assert budget_in_sessions([], ticks, 9) is None
 
 
 def test_a_knee_of_zero_holds_no_run_within_10_percent() -> None:
@@ -187,6 +192,12 @@ def test_small_admit_reports_the_issue_shape() -> None:
         assert window["n_star"] <= 4  # never above the memory guard
         assert window["lost_sessions"] == 0
         assert 0 <= window["runs_n_star_within_10pct"] <= 1
+        for r in window["per_run"]:
+            budget = r["budget_sessions_2nd_half"]  # the tick budget is "auto": measured from the first step
+            assert budget is not None and budget["min"] <= budget["median"] <= budget["max"]
+    assert all(
+        sum(r["cap_bound_by"].values()) == pytest.approx(1.0, abs=0.01) for r in report["window"]["model"]["per_run"]
+    )
     assert all(r.cap for r in runs)
 
 
