@@ -355,7 +355,7 @@ async def _one(
         budget=budget_in_sessions(
             cap,
             [(t.time - trace.start, t.tick_tokens) for t in trace.ticks],
-            spec.tokens_per_tick,  # what each session appends a tick: the model policy counts sessions so
+            spec.tokens_per_tick,  # a session's tokens a tick, as the model policy counts them
             until=stalled_at,
         ),
         collapsed=stall is not None,
